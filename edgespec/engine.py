@@ -1,0 +1,466 @@
+"""Generation: plain decoding of the target and speculative decoding with a draft.
+
+Every mode runs the same loop. A round starts with the last committed token (the "root") not
+yet evaluated by the target; the mode evaluates it, possibly with proposed continuations, and
+returns the tokens the target decided. Both KV caches are then trimmed so that sequence 0 holds
+exactly the committed tokens (the draft may lag behind and catches up in its next round).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from . import chat
+from .backend import Context, Model
+from .errors import BadSettingError, ContextOverflowError, EdgespecError
+from .gguf_info import check_pair, read_gguf
+from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
+from .stats import Stats, TreeStats
+from .text import Detokenizer, StopMatcher
+from .tree import TokenTree, greedy_accept, summarize, verification_batch
+
+MODES = ("target", "chain", "tree")
+SCHEDULERS = ("pacer", "greedy")
+N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 256
+    mode: str | None = None  # None: speculate when a draft is loaded, else plain
+    temperature: float = 0.0
+    seed: int | None = None
+    draft_max: int = 4
+    stop: Sequence[str] = ()
+    chat: bool | None = None  # None: use the chat template when the target has one
+    system: str | None = None
+    # token tree (mode "tree")
+    branch_p: float = 0.3  # a candidate this probable starts a branch (LLMCad's 30 %)
+    max_branches: int = 4
+    max_nodes: int = 16  # tree size, root included: bounds the verification batch
+    max_depth: int = 8
+    alpha0: float = 0.01  # initial confidence threshold for verifying
+    scheduler: str = "pacer"
+
+    def validate(self, has_draft: bool) -> None:
+        if self.max_tokens < 1:
+            raise BadSettingError(f"--max-tokens must be at least 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise BadSettingError(f"--temp must be >= 0 (got {self.temperature})")
+        if self.draft_max < 1 or self.draft_max > 64:
+            raise BadSettingError(f"--draft-max must be between 1 and 64 (got {self.draft_max})")
+        if self.mode is not None and self.mode not in MODES:
+            raise BadSettingError(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        if self.mode not in (None, "target") and not has_draft:
+            raise BadSettingError(f"--mode {self.mode} needs a draft model (--draft)")
+        if not 0 < self.branch_p <= 1:
+            raise BadSettingError(f"--branch-p must be in (0, 1] (got {self.branch_p})")
+        if not 1 <= self.max_branches <= N_SEQ_MAX:
+            raise BadSettingError(
+                f"--max-branches must be between 1 and {N_SEQ_MAX} (got {self.max_branches})"
+            )
+        if not 2 <= self.max_nodes <= 256:
+            raise BadSettingError(f"--max-nodes must be between 2 and 256 (got {self.max_nodes})")
+        if not 1 <= self.max_depth <= 64:
+            raise BadSettingError(f"--max-depth must be between 1 and 64 (got {self.max_depth})")
+        if not 0 < self.alpha0 <= 1:
+            raise BadSettingError(f"--alpha0 must be in (0, 1] (got {self.alpha0})")
+        if self.scheduler not in SCHEDULERS:
+            raise BadSettingError(
+                f"--scheduler must be one of {', '.join(SCHEDULERS)} (got {self.scheduler!r})"
+            )
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stats: Stats
+
+    def to_dict(self) -> dict[str, object]:
+        return {"text": self.text, "tokens": self.tokens, "stats": self.stats.to_dict()}
+
+
+@dataclass
+class _Run:
+    """The state of one generation: committed tokens and how much of them each cache holds."""
+
+    tokens: list[int]  # prompt + generated; the last one is the root of the next round
+    n_prompt: int
+    cfg: GenerationConfig
+    stats: Stats
+    target_cached: int = 0  # tokens[:target_cached] are in the target's sequence 0
+    draft_cached: int = 0
+    generated: list[int] = field(default_factory=list)
+    alpha: float = 0.01  # the tree's adaptive verification threshold, carried across rounds
+
+
+class Engine:
+    """A target model, optionally a draft model, and one context for each."""
+
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None = None,
+        *,
+        n_ctx: int = 2048,
+        threads: int | None = None,
+        draft_threads: int | None = None,
+    ):
+        if n_ctx < 16:
+            raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
+        threads = threads or default_threads()
+        draft_threads = draft_threads or threads
+        if threads < 1 or draft_threads < 1:
+            raise BadSettingError("--threads and --draft-threads must be at least 1")
+        self.target = target
+        self.draft = draft
+        self.target_ctx = Context(target, n_ctx=n_ctx, n_threads=threads, n_seq_max=N_SEQ_MAX)
+        self.draft_ctx = (
+            Context(draft, n_ctx=n_ctx, n_threads=draft_threads, n_seq_max=N_SEQ_MAX)
+            if draft
+            else None
+        )
+        self.n_ctx = self.target_ctx.n_ctx
+        # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
+        self._probs = np.empty(draft.n_vocab if draft else 0, dtype=np.float32)
+
+    # ----- prompts -------------------------------------------------------------------------
+    def prompt_tokens(
+        self, prompt: str, *, chat_mode: bool | None = None, system: str | None = None
+    ) -> list[int]:
+        if not prompt.strip():
+            raise BadSettingError("the prompt is empty")
+        template = self.target.info.chat_template
+        if chat_mode is None:
+            chat_mode = template is not None
+        if chat_mode:
+            if template is None:
+                raise EdgespecError(
+                    f"{self.target.path.name} has no chat template; use --raw for plain completion"
+                )
+            bos_text = self.target.token_text(self.target.bos).decode(errors="replace")
+            eos_text = self.target.token_text(self.target.eos).decode(errors="replace")
+            text = chat.render(
+                template, chat.messages_for(prompt, system), bos_token=bos_text, eos_token=eos_text
+            )
+            add_bos = self.target.add_bos and not text.startswith(bos_text)
+            tokens = self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        else:
+            tokens = self.target.tokenize(prompt, add_special=True, parse_special=False)
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                "use a larger --ctx-size or a shorter prompt"
+            )
+        return tokens
+
+    # ----- generation ----------------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], **config) -> Stream:
+        """Generate, yielding text as the target accepts it; `.result` holds the Result after."""
+        cfg = GenerationConfig(**config)
+        cfg.validate(self.draft is not None)
+        if cfg.mode is None:
+            cfg = replace(cfg, mode="chain" if self.draft else "target")
+        if cfg.temperature > 0 and cfg.mode != "target":
+            raise BadSettingError(
+                f"sampling (--temp > 0) is not supported yet with --mode {cfg.mode}; "
+                "use --temp 0 or --mode target"
+            )
+        if isinstance(prompt, str):
+            tokens = self.prompt_tokens(prompt, chat_mode=cfg.chat, system=cfg.system)
+        else:
+            tokens = list(prompt)
+            if not tokens or len(tokens) >= self.n_ctx:
+                raise ContextOverflowError(f"a token prompt must have 1 to {self.n_ctx - 1} tokens")
+        return Stream(self, tokens, cfg)
+
+    def generate(self, prompt: str | Sequence[int], **config) -> Result:
+        stream = self.stream(prompt, **config)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def _rounds(self, run: _Run) -> Iterator[list[int]]:
+        """Prefill, then yield each round's decided tokens until the caller stops asking."""
+        stats, cfg = run.stats, run.cfg
+        self.target_ctx.clear()
+        if self.draft_ctx:
+            self.draft_ctx.clear()
+        t0 = time.perf_counter()
+        prefix = run.tokens[:-1]
+        if prefix:
+            self.target_ctx.decode(prefix, 0, logits="none")
+            if self.draft_ctx and cfg.mode != "target":
+                self.draft_ctx.decode(prefix, 0, logits="none")
+                run.draft_cached = len(prefix)
+        run.target_cached = len(prefix)
+        stats.prefill_s = time.perf_counter() - t0
+        t_decode = time.perf_counter()
+        rng = np.random.default_rng(cfg.seed)
+        run.alpha = cfg.alpha0
+        round_fn = {
+            "target": self._round_target,
+            "chain": self._round_chain,
+            "tree": self._round_tree,
+        }[cfg.mode or "target"]
+        try:
+            while True:
+                room = self.n_ctx - len(run.tokens)  # positions left after the root's
+                if room < 0:
+                    return
+                yield round_fn(run, room, rng)
+                stats.decode_s = time.perf_counter() - t_decode
+        finally:
+            stats.decode_s = time.perf_counter() - t_decode
+            self._trim_caches(run)
+
+    def _pick(self, logits_row: np.ndarray, cfg: GenerationConfig, rng: np.random.Generator) -> int:
+        if cfg.temperature == 0:
+            return int(logits_row.argmax())
+        z = logits_row.astype(np.float64) / cfg.temperature
+        p = np.exp(z - z.max())
+        return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
+
+    def _round_target(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
+        feed = run.tokens[run.target_cached :]
+        logits = self.target_ctx.decode(feed, run.target_cached)
+        run.target_cached = len(run.tokens)
+        run.stats.target_passes += 1
+        return [self._pick(logits[-1], run.cfg, rng)]
+
+    def _round_chain(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
+        """Draft up to k tokens greedily, verify them in one target pass, keep the agreed prefix."""
+        stats, draft, draft_ctx = run.stats, self.draft, self.draft_ctx
+        assert draft is not None and draft_ctx is not None
+        tokens = run.tokens
+        root_pos = len(tokens) - 1
+        remaining = run.cfg.max_tokens - len(run.generated)
+        k = min(run.cfg.draft_max, room, remaining - 1)
+        proposed: list[int] = []
+        if k > 0:
+            t0 = time.perf_counter()
+            feed, pos = tokens[run.draft_cached :], run.draft_cached
+            for _ in range(k):
+                token = int(draft_ctx.decode(feed, pos)[-1].argmax())
+                pos += len(feed)
+                proposed.append(token)
+                if draft.is_eog(token):
+                    break
+                feed = [token]
+            run.draft_cached = pos
+            stats.draft_s += time.perf_counter() - t0
+        logits = self.target_ctx.decode([tokens[-1], *proposed], root_pos, logits="all")
+        best = logits.argmax(axis=1)
+        stats.target_passes += 1
+        stats.draft_evals += len(proposed)
+        n_ok = 0
+        while n_ok < len(proposed) and proposed[n_ok] == best[n_ok]:
+            n_ok += 1
+        if proposed:
+            stats.record_verification(len(proposed), n_ok)
+        committed = root_pos + 1 + n_ok  # positions below this hold committed tokens
+        self.target_ctx.seq_rm(0, committed)
+        run.target_cached = committed
+        if run.draft_cached > committed:
+            draft_ctx.seq_rm(0, committed)
+            run.draft_cached = committed
+        return [*proposed[:n_ok], int(best[n_ok])]
+
+    def _draft_probs(self, logits_row: np.ndarray) -> np.ndarray:
+        """Softmax into the engine's reused buffer (valid until the next call)."""
+        probs = self._probs
+        np.subtract(logits_row, logits_row.max(), out=probs)
+        np.exp(probs, out=probs)
+        probs *= 1.0 / probs.sum()
+        return probs
+
+    def _round_tree(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
+        """LLMCad: grow a confidence-scored token tree with the draft until its accumulated
+        uncertainty crosses alpha (or a budget), then verify every branch in one target pass."""
+        stats, cfg, draft, draft_ctx = run.stats, run.cfg, self.draft, self.draft_ctx
+        assert draft is not None and draft_ctx is not None
+        tokens = run.tokens
+        root_pos = len(tokens) - 1
+        remaining = cfg.max_tokens - len(run.generated)
+        trigger = TriggerConfig(
+            max_nodes=cfg.max_nodes, max_depth=max(0, min(cfg.max_depth, room, remaining - 1))
+        )
+        scheduler = (
+            PacerScheduler(cfg.max_nodes - 1) if cfg.scheduler == "pacer" else GreedyScheduler()
+        )
+        tree = TokenTree(tokens[-1])
+        t0 = time.perf_counter()
+        while (cause := verify_cause(tree, run.alpha, trigger)) is None:
+            branch = scheduler.pick(tree)
+            if branch is None:
+                cause = "end"
+                break
+            leaf = tree.leaf(branch)
+            if leaf.parent == -1:  # the root: catch the draft up on committed tokens first
+                logits = draft_ctx.decode(tokens[run.draft_cached :], run.draft_cached)
+                run.draft_cached = len(tokens)
+            else:
+                logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
+            stats.draft_evals += 1
+            copies = tree.expand(
+                branch,
+                self._draft_probs(logits[-1]),
+                branch_p=cfg.branch_p,
+                max_branches=cfg.max_branches,
+                max_nodes=cfg.max_nodes,
+                is_eog=draft.is_eog,
+            )
+            for copy in copies:
+                draft_ctx.seq_cp(copy.src_seq_id, copy.seq_id, 0, root_pos + copy.until_depth)
+        stats.draft_s += time.perf_counter() - t0
+
+        batch_tokens, depths, seq_ids = verification_batch(tree)
+        for seq in range(1, len(tree.branches)):  # every branch sees the committed prefix
+            self.target_ctx.seq_cp(0, seq)
+        logits = self.target_ctx.decode(
+            batch_tokens,
+            root_pos,
+            positions=[root_pos + d for d in depths],
+            seq_ids=seq_ids,
+            logits="all",
+        )
+        accepted = greedy_accept(tree, logits.argmax(axis=1))
+        stats.target_passes += 1
+        if len(tree.nodes) > 1:
+            stats.record_verification(len(tree.nodes) - 1, len(accepted.tokens))
+            summary = summarize(tree, accepted)
+            stats.tree.record(summary, cause, run.alpha)
+            run.alpha = next_alpha(run.alpha, summary.best_drafted, summary.best_accepted)
+
+        end = root_pos + len(accepted.path)  # positions below this hold committed tokens
+        self._keep_branch(self.target_ctx, accepted.branch, end)
+        run.target_cached = end
+        if tree.nodes[0].evaluated:
+            self._keep_branch(draft_ctx, accepted.branch, end)
+            last_in_draft = tree.nodes[accepted.path[-1]].evaluated
+            run.draft_cached = end if last_in_draft else end - 1
+        return [*accepted.tokens, accepted.bonus]
+
+    @staticmethod
+    def _keep_branch(ctx: Context, branch: int, end: int) -> None:
+        """Make `branch`'s cache, cut at position `end`, the new sequence 0; drop all others."""
+        ctx.seq_keep(branch)
+        ctx.seq_rm(branch, end)
+        if branch != 0:
+            ctx.seq_cp(branch, 0)
+            ctx.seq_rm(branch, 0)
+
+    def _trim_caches(self, run: _Run) -> None:
+        """Leave sequence 0 of each cache holding only committed tokens (after a stop or Ctrl+C)."""
+        n = len(run.tokens) - 1
+        for ctx, attr in ((self.target_ctx, "target_cached"), (self.draft_ctx, "draft_cached")):
+            if ctx is None:
+                continue
+            ctx.seq_keep(0)
+            cached = min(getattr(run, attr), n)
+            ctx.seq_rm(0, cached)
+            setattr(run, attr, cached)
+
+
+class Stream:
+    """An iterator of text pieces; after it is exhausted (or closed), `result` is set."""
+
+    def __init__(self, engine: Engine, prompt_tokens: list[int], cfg: GenerationConfig):
+        self.engine = engine
+        self.cfg = cfg
+        self.stats = Stats(mode=cfg.mode or "target", n_prompt_tokens=len(prompt_tokens))
+        if cfg.mode == "tree":
+            self.stats.tree = TreeStats()
+        self.run = _Run(
+            tokens=list(prompt_tokens), n_prompt=len(prompt_tokens), cfg=cfg, stats=self.stats
+        )
+        self.result: Result | None = None
+        self._text: list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        engine, run, cfg = self.engine, self.run, self.cfg
+        detok, stops = Detokenizer(), StopMatcher(cfg.stop)
+        reason = "context"
+        rounds = engine._rounds(run)
+        try:
+            for decided in rounds:
+                for token in decided:
+                    run.tokens.append(token)
+                    if engine.target.is_eog(token):
+                        reason = "stop"
+                        break
+                    run.generated.append(token)
+                    piece = stops.feed(detok.feed(engine.target.piece(token)))
+                    if piece:
+                        self._text.append(piece)
+                        yield piece
+                    if stops.stopped:
+                        reason = "stop_string"
+                        break
+                    if len(run.generated) >= cfg.max_tokens:
+                        reason = "length"
+                        break
+                else:
+                    continue
+                break
+            if not stops.stopped:
+                tail = stops.feed(detok.flush()) + stops.flush()
+                if tail:
+                    self._text.append(tail)
+                    yield tail
+        finally:
+            rounds.close()
+            self.stats.n_generated = len(run.generated)
+            self.stats.finish(reason)
+            self.result = Result("".join(self._text), list(run.generated), self.stats)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def load(
+    target: str | Path,
+    draft: str | Path | None = None,
+    *,
+    n_ctx: int = 2048,
+    threads: int | None = None,
+    draft_threads: int | None = None,
+    verbose: bool = False,
+) -> Engine:
+    """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing."""
+    from .backend import set_verbose
+
+    set_verbose(verbose)
+    target_info = read_gguf(target)
+    draft_info = read_gguf(draft) if draft is not None else None
+    if draft_info is not None:  # metadata first: a mismatch is reported before loading anything
+        check_pair(draft_info, target_info, texts_match=lambda: True)
+    target_model = Model(target, target_info)
+    draft_model = None
+    if draft_info is not None:
+        draft_model = Model(draft, draft_info)
+        check_pair(draft_info, target_info, lambda: _same_token_texts(draft_model, target_model))
+    return Engine(
+        target_model, draft_model, n_ctx=n_ctx, threads=threads, draft_threads=draft_threads
+    )
+
+
+def _same_token_texts(a: Model, b: Model) -> bool:
+    # llama.cpp's rule: the first few ids may be special tokens that differ harmlessly.
+    return all(a.token_text(i) == b.token_text(i) for i in range(5, min(a.n_vocab, b.n_vocab)))

@@ -1,0 +1,128 @@
+"""The statistics every generation carries, whatever the mode."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TreeStats:
+    """What the token trees looked like and why they were verified (mode "tree")."""
+
+    trees: int = 0
+    nodes: int = 0  # drafted nodes over all trees (the root not counted)
+    max_branches: int = 0  # most branches in one tree
+    depth_sum: int = 0
+    max_depth: int = 0
+    winner_ranks: list[int] = field(default_factory=list)  # [i]: trees won by the i-th branch
+    triggers: dict[str, int] = field(default_factory=dict)  # verification causes
+    alphas: list[float] = field(default_factory=list)  # alpha in force at each verification
+
+    def record(self, summary: Any, cause: str, alpha: float) -> None:
+        self.trees += 1
+        self.nodes += summary.nodes - 1
+        self.max_branches = max(self.max_branches, summary.branches)
+        self.depth_sum += summary.max_depth
+        self.max_depth = max(self.max_depth, summary.max_depth)
+        rank = summary.winner_rank
+        self.winner_ranks.extend([0] * (rank + 1 - len(self.winner_ranks)))
+        self.winner_ranks[rank] += 1
+        self.triggers[cause] = self.triggers.get(cause, 0) + 1
+        self.alphas.append(alpha)
+
+    def to_dict(self) -> dict[str, object]:
+        alphas = self.alphas or [0.0]
+        return {
+            "trees": self.trees,
+            "tree_nodes_per_verify": round(self.nodes / self.trees, 2) if self.trees else 0.0,
+            "max_branches": self.max_branches,
+            "mean_depth": round(self.depth_sum / self.trees, 2) if self.trees else 0.0,
+            "max_depth": self.max_depth,
+            "winner_rank_hist": self.winner_ranks,
+            "triggers": self.triggers,
+            "alpha_min": min(alphas),
+            "alpha_median": statistics.median(alphas),
+            "alpha_max": max(alphas),
+        }
+
+
+@dataclass
+class Stats:
+    mode: str = "target"
+    n_prompt_tokens: int = 0
+    n_generated: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0  # time spent in the draft model during decoding
+    target_passes: int = 0  # target decode calls after prefill (verifications, or plain steps)
+    draft_evals: int = 0  # draft model evaluations (one token each) spent on proposals
+    draft_tokens: int = 0  # tokens proposed for verification
+    accepted_tokens: int = 0  # proposed tokens the target agreed with
+    # accepted_hist[i]: verifications that accepted exactly i proposed tokens
+    accepted_hist: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    peak_rss_mb: float = 0.0
+    tree: TreeStats | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def verifications(self) -> int:
+        return sum(self.accepted_hist)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted proposed tokens per verification (the target's own token not counted)."""
+        return self.accepted_tokens / self.verifications if self.verifications else 0.0
+
+    def record_verification(self, proposed: int, accepted: int) -> None:
+        self.draft_tokens += proposed
+        self.accepted_tokens += accepted
+        if len(self.accepted_hist) <= accepted:
+            self.accepted_hist.extend([0] * (accepted + 1 - len(self.accepted_hist)))
+        self.accepted_hist[accepted] += 1
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # ru_maxrss is KiB on Linux, bytes on macOS.
+        self.peak_rss_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["tree"] = self.tree.to_dict() if self.tree else None
+        out.update(
+            tokens_per_s=round(self.tokens_per_s, 2),
+            acceptance_rate=round(self.acceptance_rate, 4),
+            mean_accepted=round(self.mean_accepted, 3),
+            verifications=self.verifications,
+            prefill_s=round(self.prefill_s, 4),
+            decode_s=round(self.decode_s, 4),
+            draft_s=round(self.draft_s, 4),
+            peak_rss_mb=round(self.peak_rss_mb, 1),
+        )
+        return out
+
+    def summary(self) -> str:
+        line = (
+            f"{self.n_generated} tokens, {self.tokens_per_s:.1f} tok/s, "
+            f"prompt {self.n_prompt_tokens} tokens in {self.prefill_s:.2f} s, mode {self.mode}"
+        )
+        if self.draft_tokens:
+            line += (
+                f", acceptance {self.acceptance_rate:.0%}, mean accepted {self.mean_accepted:.2f}"
+                f", {self.target_passes} target passes"
+            )
+        if self.tree and self.tree.trees:
+            line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"
+        return line

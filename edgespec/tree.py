@@ -1,0 +1,189 @@
+"""LLMCad's confidence-scored token tree: grown by the draft, verified by the target in one pass.
+
+The tree is rooted at the last committed token, which neither model has evaluated yet. Every
+root-to-leaf path is a branch, and branch i uses llama.cpp sequence id i. A node sits at KV position
+n_past + depth. llama.cpp has no custom attention mask, so tree attention comes from sequence ids:
+a batch row attends to the cells carrying its FIRST seq id, and tagging each node with the ids of
+all branches through it gives every node exactly its ancestors as context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+EogTest = Callable[[int], bool] | Container[int]
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # index into TokenTree.nodes, -1 for the root
+    depth: int  # 0 for the root
+    prob: float  # draft probability of this token given its parent's path
+    confidence: float  # product of the probs from the root: LLMCad's branch confidence C_i
+    branch: int  # the branch this node was drafted on
+    children: list[int] = field(default_factory=list)
+    evaluated: bool = False  # the draft model has this node in its KV cache
+
+
+@dataclass
+class Branch:
+    leaf: int  # node index
+    tokens: int = 0  # tokens drafted on this branch itself, not inherited from its parent branch
+    closed: bool = False  # its leaf is an end-of-generation token: nothing to extend
+
+
+class BranchCopy(NamedTuple):
+    """Draft KV the engine must share with a new branch before drafting on it:
+    seq_cp(src_seq_id, seq_id, 0, n_past + until_depth)."""
+
+    seq_id: int
+    src_seq_id: int
+    until_depth: int
+
+
+class TokenTree:
+    def __init__(self, root_token: int) -> None:
+        self.nodes = [Node(root_token, parent=-1, depth=0, prob=1.0, confidence=1.0, branch=0)]
+        self.branches = [Branch(leaf=0)]
+
+    def leaf(self, branch: int) -> Node:
+        return self.nodes[self.branches[branch].leaf]
+
+    def open_branches(self) -> list[int]:
+        return [i for i, b in enumerate(self.branches) if not b.closed]
+
+    @property
+    def depth(self) -> int:
+        return max(self.leaf(b).depth for b in range(len(self.branches)))
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root to `node`, both included."""
+        path = []
+        while node != -1:
+            path.append(node)
+            node = self.nodes[node].parent
+        return path[::-1]
+
+    def branches_through(self, node: int) -> list[int]:
+        return [b for b in range(len(self.branches)) if node in self.path(self.branches[b].leaf)]
+
+    def expand(
+        self,
+        branch: int,
+        probs: np.ndarray,
+        *,
+        branch_p: float,
+        max_branches: int,
+        max_nodes: int,
+        is_eog: EogTest = (),
+    ) -> list[BranchCopy]:
+        """Add the draft's candidates after `branch`'s leaf, which the draft has just evaluated.
+
+        The most probable token extends the branch; every other token with probability >= branch_p
+        starts a new branch under the same parent, most probable first, while fewer than
+        max_branches branches and max_nodes nodes exist. Returns the KV copies for new branches.
+        """
+        ends = is_eog if callable(is_eog) else is_eog.__contains__
+        if self.branches[branch].closed:
+            raise ValueError(f"branch {branch} is closed")
+        parent = self.branches[branch].leaf
+        self.nodes[parent].evaluated = True
+        if len(self.nodes) >= max_nodes:
+            return []
+        top = int(np.argmax(probs))
+        self._add_child(parent, top, float(probs[top]), branch, ends)
+
+        copies: list[BranchCopy] = []
+        if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
+            return copies  # skip the pass over the vocabulary when no branch could be added
+        # Only a handful of tokens can pass a threshold like 0.3: never loop over the vocabulary.
+        others = np.flatnonzero(probs >= branch_p)
+        others = others[others != top]
+        for token in others[np.argsort(-probs[others], kind="stable")]:
+            if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
+                break
+            new_branch = len(self.branches)
+            self.branches.append(Branch(leaf=-1))
+            self._add_child(parent, int(token), float(probs[token]), new_branch, ends)
+            copies.append(BranchCopy(new_branch, branch, self.nodes[parent].depth + 1))
+        return copies
+
+    def _add_child(
+        self, parent: int, token: int, prob: float, branch: int, ends: Callable[[int], bool]
+    ) -> None:
+        up = self.nodes[parent]
+        self.nodes.append(Node(token, parent, up.depth + 1, prob, up.confidence * prob, branch))
+        up.children.append(len(self.nodes) - 1)
+        b = self.branches[branch]
+        b.leaf, b.tokens, b.closed = len(self.nodes) - 1, b.tokens + 1, ends(token)
+
+
+def verification_batch(tree: TokenTree) -> tuple[list[int], list[int], list[list[int]]]:
+    """Tokens, depths and sorted seq ids of every node once, parents before children.
+
+    A node's seq ids are all branches whose root-to-leaf path passes through it. llama.cpp attends
+    with a row's first seq id only; that is safe because every branch through a node also holds all
+    of the node's ancestors. Nodes are stored in creation order, which already puts parents first.
+    """
+    seq_ids: list[list[int]] = [[] for _ in tree.nodes]
+    for b, branch in enumerate(tree.branches):  # increasing b keeps every list sorted
+        for node in tree.path(branch.leaf):
+            seq_ids[node].append(b)
+    return [n.token for n in tree.nodes], [n.depth for n in tree.nodes], seq_ids
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: list[int]  # accepted node indices from the root; the root is always accepted
+    tokens: list[int]  # the accepted draft tokens: the tokens of path[1:]
+    bonus: int  # the target's token after the last accepted node: the next round's root
+    branch: int  # a branch (= seq id) holding the whole path: the KV cache to keep
+
+
+def greedy_accept(tree: TokenTree, target_argmax: np.ndarray) -> Acceptance:
+    """SpecInfer's greedy tree verification; target_argmax[i] is the target's argmax at node i."""
+    path = [0]
+    while True:
+        wanted = int(target_argmax[path[-1]])
+        children = tree.nodes[path[-1]].children
+        match = next((c for c in children if tree.nodes[c].token == wanted), None)
+        if match is None:
+            break
+        path.append(match)
+    # Several branches may pass through the last accepted node; credit the most confident one.
+    branch = max(tree.branches_through(path[-1]), key=lambda b: tree.leaf(b).confidence)
+    tokens = [tree.nodes[n].token for n in path[1:]]
+    return Acceptance(path, tokens, int(target_argmax[path[-1]]), branch)
+
+
+@dataclass(frozen=True)
+class TreeSummary:
+    nodes: int
+    branches: int
+    max_depth: int
+    winner_rank: int  # rank by leaf confidence (0 = most confident) of the accepted branch
+    best_drafted: int  # draft tokens on the most confident branch (LLMCad's N_all)
+    best_accepted: int  # how many of them the target accepted (N_correct)
+
+
+def summarize(tree: TokenTree, acceptance: Acceptance) -> TreeSummary:
+    by_confidence = sorted(range(len(tree.branches)), key=lambda b: -tree.leaf(b).confidence)
+    best_path = tree.path(tree.branches[by_confidence[0]].leaf)
+    shared = 0
+    while shared < min(len(best_path), len(acceptance.path)) and (
+        best_path[shared] == acceptance.path[shared]
+    ):
+        shared += 1
+    return TreeSummary(
+        nodes=len(tree.nodes),
+        branches=len(tree.branches),
+        max_depth=tree.depth,
+        winner_rank=by_confidence.index(acceptance.branch),
+        best_drafted=len(best_path) - 1,
+        best_accepted=shared - 1,  # the shared root is no drafted token
+    )

@@ -1,0 +1,63 @@
+"""Shared fixtures: real GGUF models through the real llama.cpp, kept small.
+
+The target is SmolLM2-135M (fetched by `make test` into the edgespec cache). Drafts are the same
+file (acceptance near 1) and requantized copies made here with llama.cpp's quantizer, which
+disagree with the target often enough to exercise rejections.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import edgespec
+from edgespec import catalogue
+
+SMOL = "smollm2-135m"
+N_CTX = 1024
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> Path:
+    return catalogue.local_path(SMOL) or catalogue.fetch(SMOL)
+
+
+def _requantized(tmp_path_factory, src: Path, type_name: str) -> Path:
+    import llama_cpp
+
+    from edgespec.backend import quantize
+
+    dest = tmp_path_factory.mktemp("drafts") / f"smollm2-135m-{type_name}.gguf"
+    quantize(src, dest, getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}"))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def smol_q4_0(tmp_path_factory, smol_path) -> Path:
+    return _requantized(tmp_path_factory, smol_path, "Q4_0")
+
+
+@pytest.fixture(scope="session")
+def smol_q2_k(tmp_path_factory, smol_path) -> Path:
+    return _requantized(tmp_path_factory, smol_path, "Q2_K")
+
+
+@pytest.fixture(scope="session")
+def plain_engine(smol_path) -> edgespec.Engine:
+    return edgespec.load(smol_path, n_ctx=N_CTX)
+
+
+@pytest.fixture(scope="session")
+def self_draft_engine(smol_path) -> edgespec.Engine:
+    return edgespec.load(smol_path, draft=smol_path, n_ctx=N_CTX)
+
+
+@pytest.fixture(scope="session")
+def q4_draft_engine(smol_path, smol_q4_0) -> edgespec.Engine:
+    return edgespec.load(smol_path, draft=smol_q4_0, n_ctx=N_CTX)
+
+
+@pytest.fixture(scope="session")
+def q2_draft_engine(smol_path, smol_q2_k) -> edgespec.Engine:
+    return edgespec.load(smol_path, draft=smol_q2_k, n_ctx=N_CTX)

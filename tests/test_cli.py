@@ -1,0 +1,157 @@
+"""The command line as a user meets it: real models, real output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgespec.cli.app import main
+
+from .helpers import write_tiny_gguf
+
+STATS_KEYS = {
+    "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
+    "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted", "accepted_hist",
+    "peak_rss_mb", "mode", "finish_reason",
+}  # fmt: skip
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_streams_text_to_stdout_and_a_summary_to_stderr(capsys, smol_path):
+    code, out, err = cli(
+        capsys, "run", "--target", str(smol_path), "--draft", str(smol_path), "-n", "12", "Hello!"
+    )
+    assert code == 0
+    assert out.strip()
+    assert "tok/s" in err and "acceptance" in err and "mode chain" in err
+
+
+def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, smol_path):
+    code, out, _ = cli(
+        capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "-n", "10", "--json", "Hi"
+    )
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj) == {"text", "tokens", "stats"}
+    assert set(obj["stats"]) >= STATS_KEYS
+    assert len(obj["tokens"]) == obj["stats"]["n_generated"] <= 10
+
+
+def test_run_with_only_a_target_decodes_plainly(capsys, smol_path):
+    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "Hi")
+    assert code == 0 and json.loads(out)["stats"]["mode"] == "target"
+
+
+def test_run_reads_the_prompt_from_stdin(capsys, monkeypatch, smol_path):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 2 + 2?"))
+    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "-")
+    assert code == 0 and json.loads(out)["stats"]["n_prompt_tokens"] > 5
+
+
+def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, smol_q4_0, tmp_path):
+    code, out, _ = cli(capsys, "inspect", str(smol_path), str(smol_q4_0), "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["pairable"] is True
+    assert info["models"][0]["architecture"] == "llama" and info["models"][0]["vocab_size"] == 49152
+    other = write_tiny_gguf(tmp_path / "other.gguf", n_vocab=300)
+    code, out, _ = cli(capsys, "inspect", str(smol_path), str(other), "--json")
+    assert code == 0 and json.loads(out)["pairable"] is False
+
+
+def one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_a_missing_model_file_is_one_clear_line(capsys, tmp_path):
+    code, _, err = cli(capsys, "run", "-m", str(tmp_path / "nope.gguf"), "hi")
+    one_line_error(code, err, "not found", "nope.gguf")
+
+
+def test_a_file_that_is_not_gguf_is_one_clear_line(capsys, tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_text("this is not a model\n" * 10)
+    code, _, err = cli(capsys, "run", "-m", str(bogus), "hi")
+    one_line_error(code, err, "not a GGUF file")
+
+
+def test_a_truncated_gguf_is_one_clear_line(capsys, tmp_path, smol_path):
+    truncated = tmp_path / "truncated.gguf"
+    with smol_path.open("rb") as src:
+        truncated.write_bytes(src.read(smol_path.stat().st_size // 2))
+    code, _, err = cli(capsys, "run", "-m", str(truncated), "hi")
+    one_line_error(code, err, "truncated")
+
+
+def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, tmp_path, smol_path):
+    other = write_tiny_gguf(tmp_path / "other-vocab.gguf", n_vocab=300)
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(other), "hi")
+    one_line_error(code, err, "other-vocab.gguf", smol_path.name, "vocabulary")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--temp", "-1"], "--temp"),
+        (["--draft-max", "0"], "--draft-max"),
+        (["-n", "0"], "--max-tokens"),
+        (["-n", "many"], "--max-tokens"),
+        (["--mode", "warp"], "--mode"),
+        (["-c", "4"], "--ctx-size"),
+        (["--no-such-flag"], "no-such-flag"),
+    ],
+)
+def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), *flags, "hi")
+    one_line_error(code, err, needle)
+
+
+def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "  ")
+    one_line_error(code, err, "empty")
+
+
+def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "-c", "64", "word " * 200)
+    one_line_error(code, err, "context")
+
+
+def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "--draft",
+         str(smol_path), "-n", "2000", "-c", "4096", "--raw", "Once upon a time"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.read1(64)  # wait until text is streaming
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert first and (first + rest).strip()
+    assert b"Traceback" not in err and b"interrupted" in err
+
+
+def test_the_console_script_is_installed_and_shows_help():
+    exe = Path(sys.executable).parent / "edgespec"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("run", "models", "inspect", "quantize"):
+        assert command in out

@@ -1,0 +1,187 @@
+"""Generation on the real SmolLM2-135M through llama.cpp: plain decoding and chain speculation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.backend import Context
+from edgespec.errors import BadSettingError, ContextOverflowError
+from edgespec.text import Detokenizer, StopMatcher
+
+from .helpers import assert_same_or_near_tie, fresh_logits
+
+PROMPTS = [
+    "Write a Python function that reverses a linked list.",
+    "List the planets of the solar system in order from the sun.",
+    "Explain what a hash table is in two sentences.",
+    "def fibonacci(n):",
+]
+
+
+def greedy(engine, prompt: str, mode: str, n: int = 48, **kw):
+    return engine.generate(prompt, max_tokens=n, mode=mode, **kw)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_chain_with_the_target_as_its_own_draft_reproduces_plain_greedy_output(
+    plain_engine, self_draft_engine, prompt
+):
+    plain = greedy(plain_engine, prompt, "target")
+    spec = greedy(self_draft_engine, prompt, "chain")
+    prompt_tokens = plain_engine.prompt_tokens(prompt)
+    assert_same_or_near_tie(plain_engine, prompt_tokens, plain.tokens, spec.tokens)
+    assert spec.stats.acceptance_rate > 0.9  # the same model agrees with itself
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_chain_with_a_requantized_draft_reproduces_plain_greedy_output(
+    plain_engine, q2_draft_engine, prompt
+):
+    plain = greedy(plain_engine, prompt, "target")
+    spec = greedy(q2_draft_engine, prompt, "chain")
+    assert_same_or_near_tie(
+        plain_engine, plain_engine.prompt_tokens(prompt), plain.tokens, spec.tokens
+    )
+    assert spec.stats.draft_tokens > spec.stats.accepted_tokens  # rejections were exercised
+
+
+def test_statistics_add_up(q4_draft_engine):
+    result = greedy(q4_draft_engine, PROMPTS[0], "chain", n=40, draft_max=4)
+    s = result.stats
+    assert s.mode == "chain" and s.n_generated == len(result.tokens) <= 40
+    # a pass with nothing to verify happens only when one token is left to generate
+    assert s.verifications <= s.target_passes <= s.verifications + 1
+    assert sum(i * c for i, c in enumerate(s.accepted_hist)) == s.accepted_tokens
+    assert len(s.accepted_hist) <= 5  # at most draft_max accepted per verification
+    # every generated token is an accepted draft token or the target's own, one per pass
+    assert s.n_generated <= s.accepted_tokens + s.target_passes
+    assert 0 < s.acceptance_rate <= 1 and s.tokens_per_s > 0 and s.peak_rss_mb > 0
+    assert s.finish_reason in ("length", "stop")
+
+
+def test_after_many_rounds_the_target_cache_holds_exactly_the_committed_tokens(q2_draft_engine):
+    engine = q2_draft_engine
+    prompt = engine.prompt_tokens("Write a long story about a dragon and a knight.")
+    result = engine.generate(prompt, max_tokens=120, mode="chain", draft_max=6)
+    assert (
+        result.stats.verifications > 10 and result.stats.accepted_tokens < result.stats.draft_tokens
+    )
+    committed = prompt + result.tokens
+    ctx = engine.target_ctx
+    # sequence 0 holds every committed token but the last; no other sequence survives
+    assert ctx.seq_pos_min(0) == 0
+    assert ctx.seq_pos_max(0) == len(committed) - 2
+    assert all(ctx.seq_pos_max(s) == -1 for s in range(1, ctx.n_seq_max))
+    # Decoding on from the edited cache gives what a fresh prefill of the same tokens gives, up to
+    # batch numerics. Their size is calibrated here: a cache built one token at a time (as plain
+    # decoding builds it) differs from a fresh prefill by as much (mean |Δlogit| ~0.1 at 160
+    # tokens). A single missing or stale token roughly doubles it.
+    continued = ctx.decode([committed[-1]], len(committed) - 1)[-1].copy()
+    fresh = fresh_logits(engine, committed)
+    one_by_one = Context(engine.target, n_ctx=engine.n_ctx, n_threads=2)
+    one_by_one.decode(prompt[:-1], 0, logits="none")
+    for pos in range(len(prompt) - 1, len(committed)):
+        baseline = one_by_one.decode([committed[pos]], pos)[-1]
+    numerics = np.abs(baseline - fresh).mean()
+    one_by_one.close()
+    assert continued.argmax() == fresh.argmax()
+    assert np.abs(continued - fresh).mean() <= 1.25 * numerics + 0.01
+
+
+def test_the_draft_cache_never_runs_ahead_of_the_committed_tokens(q2_draft_engine):
+    engine = q2_draft_engine
+    prompt = engine.prompt_tokens(PROMPTS[2])
+    result = engine.generate(prompt, max_tokens=60, mode="chain")
+    ctx = engine.draft_ctx
+    assert ctx.seq_pos_max(0) <= len(prompt) + len(result.tokens) - 2
+    assert all(ctx.seq_pos_max(s) == -1 for s in range(1, ctx.n_seq_max))
+
+
+def test_generation_stops_at_max_tokens_and_at_a_stop_string(self_draft_engine):
+    short = greedy(self_draft_engine, PROMPTS[1], "chain", n=5)
+    assert len(short.tokens) == 5 and short.stats.finish_reason == "length"
+    full = greedy(self_draft_engine, PROMPTS[1], "chain", n=60).text
+    stop = full[10:14]
+    stopped = greedy(self_draft_engine, PROMPTS[1], "chain", n=60, stop=[stop])
+    assert stopped.stats.finish_reason == "stop_string"
+    assert stopped.text == full[: full.index(stop)]
+
+
+def test_generation_ends_at_the_end_of_generation_token(plain_engine):
+    result = plain_engine.generate("Say just the word hello.", max_tokens=200, mode="target")
+    assert result.stats.finish_reason == "stop" and len(result.tokens) < 200
+
+
+def test_a_full_context_ends_generation_with_a_reason(smol_path):
+    import edgespec
+
+    engine = edgespec.load(smol_path, draft=smol_path, n_ctx=64)
+    prompt = engine.prompt_tokens("1, 2, 3, 4, 5, 6, 7, 8,", chat_mode=False)
+    result = engine.generate(prompt, max_tokens=500, mode="chain")
+    assert result.stats.finish_reason == "context"
+    assert len(prompt) + len(result.tokens) == 65  # the last token is decided, never evaluated
+
+
+def test_streamed_pieces_are_whole_characters_and_add_up_to_the_text(plain_engine):
+    stream = plain_engine.stream(
+        "Repeat exactly: 日本語のテキスト 🎉🚀 naïve café", max_tokens=40, mode="target"
+    )
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(ord(c) > 0x3000 for c in stream.result.text)  # the model did produce CJK or emoji
+
+
+def test_the_detokenizer_holds_back_a_split_character():
+    detok = Detokenizer()
+    emoji = "🎉".encode()
+    assert detok.feed(b"ok " + emoji[:2]) == "ok "
+    assert detok.feed(emoji[2:]) == "🎉"
+
+
+def test_a_character_cut_off_by_the_end_of_generation_is_dropped_not_garbled():
+    detok = Detokenizer()
+    assert detok.feed("🎉".encode()[:2]) == ""
+    assert detok.flush() == ""
+
+
+def test_the_stop_matcher_holds_back_what_could_start_a_stop_string():
+    stops = StopMatcher(["END"])
+    assert stops.feed("hello E") == "hello "
+    assert stops.feed("N") == ""
+    assert stops.feed("D and more") == "" and stops.stopped
+
+
+def test_bad_settings_are_rejected_with_a_clear_message(self_draft_engine, plain_engine):
+    with pytest.raises(BadSettingError, match="--temp"):
+        self_draft_engine.generate("hi", temperature=-1)
+    with pytest.raises(BadSettingError, match="--draft-max"):
+        self_draft_engine.generate("hi", draft_max=0)
+    with pytest.raises(BadSettingError, match="empty"):
+        self_draft_engine.generate("   ")
+    with pytest.raises(BadSettingError, match="needs a draft"):
+        plain_engine.generate("hi", mode="chain")
+
+
+def test_a_prompt_longer_than_the_context_is_rejected(smol_path):
+    import edgespec
+
+    engine = edgespec.load(smol_path, n_ctx=32)
+    with pytest.raises(ContextOverflowError, match="context holds 32"):
+        engine.generate("word " * 100)
+
+
+def test_batch_logits_are_read_in_batch_order(plain_engine):
+    """The engine reads all rows at once; they must match row-by-row reads (get_logits_ith)."""
+    import llama_cpp
+
+    ctx = Context(plain_engine.target, n_ctx=128, n_threads=2)
+    tokens = plain_engine.target.tokenize("The quick brown fox", add_special=True)
+    rows = ctx.decode(tokens, 0, logits="all").copy()
+    for i in range(len(tokens)):
+        ith = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits_ith(ctx._ctx, i), shape=(rows.shape[1],)
+        )
+        assert np.array_equal(rows[i], ith)
+    ctx.close()

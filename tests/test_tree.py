@@ -1,0 +1,168 @@
+"""The token tree: how the draft's probabilities grow it, and how the target's verdict is read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.tree import BranchCopy, TokenTree, greedy_accept, summarize, verification_batch
+
+VOCAB = 50
+EOG = 49
+
+
+def probs(spec: dict[int, float]) -> np.ndarray:
+    """A draft distribution with the given probabilities, the rest spread thinly over the vocab."""
+    p = np.full(VOCAB, (1.0 - sum(spec.values())) / (VOCAB - len(spec)))
+    for token, prob in spec.items():
+        p[token] = prob
+    return p
+
+
+def grow(tree: TokenTree, branch: int, spec: dict[int, float], **budgets) -> list[BranchCopy]:
+    settings = {"branch_p": 0.3, "max_branches": 4, "max_nodes": 32, "is_eog": {EOG}} | budgets
+    return tree.expand(branch, probs(spec), **settings)
+
+
+def forked_tree() -> TokenTree:
+    """root(1) ─┬─ 10 ─┬─ 11        branch 0, confidence .6·.5 = .30
+                │      └─ 12        branch 2, confidence .6·.4 = .24
+                └─ 20 ── 21         branch 1, confidence .35·.9 = .315
+    Node indices in creation order: root 0, 10→1, 20→2, 11→3, 12→4, 21→5."""
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.6, 20: 0.35})
+    grow(tree, 0, {11: 0.5, 12: 0.4})
+    grow(tree, 1, {21: 0.9})
+    return tree
+
+
+def test_a_new_tree_is_one_open_branch_at_the_root() -> None:
+    tree = TokenTree(7)
+    assert tree.open_branches() == [0]
+    root = tree.leaf(0)
+    assert (root.token, root.depth, root.prob, root.confidence, root.parent) == (7, 0, 1.0, 1.0, -1)
+    assert not root.evaluated
+
+
+def test_the_most_probable_token_extends_the_branch() -> None:
+    tree = TokenTree(1)
+    assert grow(tree, 0, {5: 0.9}) == []
+    leaf = tree.leaf(0)
+    assert (leaf.token, leaf.depth, leaf.parent, leaf.branch) == (5, 1, 0, 0)
+    assert tree.branches[0].tokens == 1
+    assert tree.nodes[0].evaluated and not leaf.evaluated
+
+
+def test_the_argmax_extends_the_branch_even_below_branch_p() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {5: 0.1})
+    assert tree.leaf(0).token == 5 and len(tree.branches) == 1
+
+
+def test_a_candidate_above_branch_p_starts_a_new_branch() -> None:
+    tree = TokenTree(1)
+    copies = grow(tree, 0, {10: 0.5, 20: 0.35})
+    assert [tree.leaf(b).token for b in range(2)] == [10, 20]
+    assert tree.leaf(1).parent == tree.leaf(0).parent == 0  # siblings under the expanded leaf
+    assert tree.branches[1].tokens == 1
+    assert copies == [BranchCopy(seq_id=1, src_seq_id=0, until_depth=1)]
+    assert [tree.nodes[c].token for c in tree.nodes[0].children] == [10, 20]  # distinct tokens
+
+
+def test_candidates_below_branch_p_do_not_branch() -> None:
+    tree = TokenTree(1)
+    assert grow(tree, 0, {10: 0.5, 20: 0.29}) == []
+    assert len(tree.branches) == 1 and len(tree.nodes) == 2
+
+
+def test_max_branches_keeps_the_most_probable_candidates() -> None:
+    tree = TokenTree(1)
+    copies = grow(tree, 0, {10: 0.31, 20: 0.3, 30: 0.32}, max_branches=2)
+    assert [tree.leaf(b).token for b in range(2)] == [30, 10]
+    assert [c.seq_id for c in copies] == [1]
+
+
+def test_max_nodes_caps_the_tree_including_the_continuation() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.35, 20: 0.34, 30: 0.31}, max_nodes=3)
+    assert len(tree.nodes) == 3 and len(tree.branches) == 2
+    assert grow(tree, 0, {11: 0.9}, max_nodes=3) == []
+    assert len(tree.nodes) == 3
+
+
+def test_a_new_branch_copies_its_parent_branch_up_to_the_shared_parent() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.6, 20: 0.35})
+    grow(tree, 1, {21: 0.9})
+    copies = grow(tree, 1, {22: 0.5, 23: 0.45})  # the expanded leaf 21 sits at depth 2
+    assert copies == [BranchCopy(seq_id=2, src_seq_id=1, until_depth=3)]
+    assert tree.path(tree.branches[2].leaf)[:-1] == tree.path(tree.branches[1].leaf)[:-1]
+
+
+def test_confidence_is_the_product_of_probs_along_the_path() -> None:
+    tree = forked_tree()
+    assert tree.leaf(0).confidence == pytest.approx(0.6 * 0.5)
+    assert tree.leaf(1).confidence == pytest.approx(0.35 * 0.9)
+    assert tree.leaf(2).confidence == pytest.approx(0.6 * 0.4)
+    assert tree.leaf(2).prob == pytest.approx(0.4)
+
+
+def test_an_end_of_generation_leaf_closes_its_branch() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.6, EOG: 0.35})
+    assert tree.open_branches() == [0]
+    with pytest.raises(ValueError):
+        grow(tree, 1, {11: 0.9})
+
+
+def test_is_eog_may_be_a_predicate() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {EOG: 0.9}, is_eog=lambda token: token == EOG)
+    assert tree.open_branches() == []
+
+
+def test_the_verification_batch_holds_every_node_once_parents_first() -> None:
+    tree = forked_tree()
+    tokens, depths, _ = verification_batch(tree)
+    assert tokens == [1, 10, 20, 11, 12, 21]
+    assert depths == [0, 1, 1, 2, 2, 2]
+    assert all(tree.nodes[i].parent < i for i in range(len(tree.nodes)))
+
+
+def test_a_node_carries_the_seq_ids_of_every_branch_through_it() -> None:
+    _, _, seq_ids = verification_batch(forked_tree())
+    assert seq_ids == [[0, 1, 2], [0, 2], [1], [0], [2], [1]]
+
+
+def test_a_fully_accepted_branch_earns_the_bonus_token_after_its_leaf() -> None:
+    tree = forked_tree()
+    target = np.array([20, 0, 21, 0, 0, 40])  # target's argmax at each node
+    result = greedy_accept(tree, target)
+    assert (result.path, result.tokens, result.bonus, result.branch) == ([0, 2, 5], [20, 21], 40, 1)
+
+
+def test_a_mismatch_at_the_root_accepts_nothing_and_takes_the_targets_token() -> None:
+    result = greedy_accept(forked_tree(), np.array([42, 0, 0, 0, 0, 0]))
+    assert (result.path, result.tokens, result.bonus) == ([0], [], 42)
+
+
+def test_acceptance_follows_the_sibling_the_target_chose() -> None:
+    tree = forked_tree()
+    result = greedy_accept(tree, np.array([10, 12, 0, 0, 33, 0]))
+    assert (result.path, result.tokens, result.bonus, result.branch) == ([0, 1, 4], [10, 12], 33, 2)
+
+
+def test_a_partial_acceptance_keeps_the_most_confident_branch_through_its_end() -> None:
+    result = greedy_accept(forked_tree(), np.array([10, 44, 0, 0, 0, 0]))  # 10 ok, then neither
+    assert (result.tokens, result.bonus, result.branch) == ([10], 44, 0)  # .30 beats .24
+
+
+def test_the_summary_ranks_the_winner_and_scores_the_most_confident_branch() -> None:
+    tree = forked_tree()
+    summary = summarize(tree, greedy_accept(tree, np.array([10, 12, 0, 0, 33, 0])))
+    assert (summary.nodes, summary.branches, summary.max_depth) == (6, 3, 2)
+    assert summary.winner_rank == 2  # confidences: branch 1 .315, branch 0 .30, branch 2 .24
+    assert (summary.best_drafted, summary.best_accepted) == (2, 0)  # branch 1 diverged at once
+
+    summary = summarize(tree, greedy_accept(tree, np.array([20, 0, 21, 0, 0, 40])))
+    assert (summary.winner_rank, summary.best_drafted, summary.best_accepted) == (0, 2, 2)
