@@ -12,9 +12,14 @@ from rich.console import Console
 from rich.table import Table
 
 from edgespec import catalogue
+from edgespec.config import Settings, resolve
 from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
 
+from . import options as opt
+from .bench_cmd import bench
+from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
+from .profile_cmd import profile
 
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click import exceptions as click_exceptions
@@ -29,6 +34,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
+app.command()(profile)
+app.command()(bench)
 err = Console(stderr=True, highlight=False)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -54,40 +62,56 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
+def load_engine(settings: Settings, verbose: bool):
+    """The engine the settings ask for; the default pair is fetched on first use."""
+    import edgespec
+
+    target_path = resolve_model(settings.target, DEFAULT_TARGET)
+    draft_path = resolve_model(settings.draft, DEFAULT_DRAFT if settings.target is None else None)
+    if settings.mode in ("target", "ngram"):
+        draft_path = None  # these modes never use a draft: don't load one
+    return edgespec.load(
+        target_path,
+        draft_path,
+        n_ctx=settings.ctx_size,
+        threads=settings.threads,
+        draft_threads=settings.draft_threads,
+        verbose=verbose,
+    )
+
+
+def generation_options(settings: Settings, **tree: object) -> dict[str, object]:
+    """Engine.generate's keyword arguments from resolved settings and the tree flags."""
+    return dict(
+        max_tokens=settings.max_tokens,
+        mode=settings.mode,
+        temperature=settings.temp,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        min_p=settings.min_p,
+        seed=settings.seed,
+        draft_max=settings.draft_max,
+        system=settings.system,
+        **tree,
+    )
+
+
 @app.command()
 def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
-        ),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
-        ),
-    ] = None,
-    mode: Annotated[
-        str | None,
-        typer.Option(help="target (plain decoding) or chain [default: chain with a draft]"),
-    ] = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Tokens to generate at most")
-    ] = 256,
-    temp: Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy")] = 0.0,
-    seed: Annotated[int | None, typer.Option(help="Random seed for sampling")] = None,
-    threads: Annotated[
-        int | None, typer.Option("--threads", "-t", help="Target threads [default: all cores]")
-    ] = None,
-    draft_threads: Annotated[
-        int | None, typer.Option(help="Draft threads [default: as --threads]")
-    ] = None,
-    ctx_size: Annotated[
-        int, typer.Option("--ctx-size", "-c", help="Context size in tokens")
-    ] = 2048,
-    draft_max: Annotated[int, typer.Option(help="Tokens drafted per verification at most")] = 4,
+    target: opt.Target = None,
+    draft: opt.Draft = None,
+    mode: opt.Mode = None,
+    max_tokens: opt.MaxTokens = None,
+    temp: opt.Temp = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    min_p: opt.MinP = None,
+    seed: opt.Seed = None,
+    threads: opt.Threads = None,
+    draft_threads: opt.DraftThreads = None,
+    ctx_size: opt.CtxSize = None,
+    draft_max: opt.DraftMax = None,
     stop: Annotated[
         list[str] | None, typer.Option(help="Stop when this text appears (repeatable)")
     ] = None,
@@ -98,41 +122,39 @@ def run(
             help="Wrap the prompt in the target's chat template [default: if it has one]",
         ),
     ] = None,
-    system: Annotated[str | None, typer.Option(help="System message (chat mode)")] = None,
+    system: opt.System = None,
+    branch_p: opt.BranchP = 0.3,
+    max_branches: opt.MaxBranches = 4,
+    max_nodes: opt.MaxNodes = 16,
+    max_depth: opt.MaxDepth = 8,
+    alpha0: opt.Alpha0 = 0.01,
+    scheduler: opt.Scheduler = "pacer",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; a summary goes to stderr."""
-    import edgespec
-
+    flags = dict(
+        target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
+        ctx_size=ctx_size, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p,
+        min_p=min_p, seed=seed, draft_max=draft_max, system=system,
+    )  # fmt: skip
+    settings = resolve(flags)
     text = read_prompt(prompt)
     if not text.strip():
         raise BadSettingError("the prompt is empty")
-    target_path = resolve_model(target, DEFAULT_TARGET)
-    draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
-    if mode == "target":
-        draft_path = None  # plain decoding: no need to load a draft
-    engine = edgespec.load(
-        target_path,
-        draft_path,
-        n_ctx=ctx_size,
-        threads=threads,
-        draft_threads=draft_threads,
-        verbose=verbose,
+    engine = load_engine(settings, verbose)
+    options = generation_options(
+        settings,
+        branch_p=branch_p,
+        max_branches=max_branches,
+        max_nodes=max_nodes,
+        max_depth=max_depth,
+        alpha0=alpha0,
+        scheduler=scheduler,
     )
-    stream = engine.stream(
-        text,
-        max_tokens=max_tokens,
-        mode=mode,
-        temperature=temp,
-        seed=seed,
-        draft_max=draft_max,
-        stop=tuple(stop or ()),
-        chat=chat,
-        system=system,
-    )
+    stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     try:
         for piece in stream:
             if not as_json:
@@ -149,7 +171,8 @@ def run(
         sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n")
-        err.print(f"[dim]{result.stats.summary()}[/dim]")
+        sys.stdout.flush()
+        err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
 
 
 @app.command()

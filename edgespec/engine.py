@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,21 +20,30 @@ from . import chat
 from .backend import Context, Model
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
+from .ngram import NgramDrafter
+from .policy import AutoPolicy, Calibrator, Costs, best_ngram_length, worth_drafting_on
+from .profile import DEFAULT_RELATIVE, relative_cost
+from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
 from .text import Detokenizer, StopMatcher
-from .tree import TokenTree, greedy_accept, summarize, verification_batch
+from .tree import TokenTree, greedy_accept, sampled_accept, summarize, verification_batch
 
-MODES = ("target", "chain", "tree")
+MODES = ("target", "chain", "tree", "ngram", "auto")
+MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers
 SCHEDULERS = ("pacer", "greedy")
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
+MAX_NODES = 128  # largest tree: one verification batch
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     max_tokens: int = 256
     mode: str | None = None  # None: speculate when a draft is loaded, else plain
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     draft_max: int = 4
     stop: Sequence[str] = ()
@@ -48,33 +57,48 @@ class GenerationConfig:
     alpha0: float = 0.01  # initial confidence threshold for verifying
     scheduler: str = "pacer"
 
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+
     def validate(self, has_draft: bool) -> None:
-        if self.max_tokens < 1:
-            raise BadSettingError(f"--max-tokens must be at least 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise BadSettingError(f"--temp must be >= 0 (got {self.temperature})")
-        if self.draft_max < 1 or self.draft_max > 64:
-            raise BadSettingError(f"--draft-max must be between 1 and 64 (got {self.draft_max})")
-        if self.mode is not None and self.mode not in MODES:
-            raise BadSettingError(f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})")
-        if self.mode not in (None, "target") and not has_draft:
-            raise BadSettingError(f"--mode {self.mode} needs a draft model (--draft)")
-        if not 0 < self.branch_p <= 1:
-            raise BadSettingError(f"--branch-p must be in (0, 1] (got {self.branch_p})")
-        if not 1 <= self.max_branches <= N_SEQ_MAX:
-            raise BadSettingError(
-                f"--max-branches must be between 1 and {N_SEQ_MAX} (got {self.max_branches})"
-            )
-        if not 2 <= self.max_nodes <= 256:
-            raise BadSettingError(f"--max-nodes must be between 2 and 256 (got {self.max_nodes})")
-        if not 1 <= self.max_depth <= 64:
-            raise BadSettingError(f"--max-depth must be between 1 and 64 (got {self.max_depth})")
-        if not 0 < self.alpha0 <= 1:
-            raise BadSettingError(f"--alpha0 must be in (0, 1] (got {self.alpha0})")
-        if self.scheduler not in SCHEDULERS:
-            raise BadSettingError(
-                f"--scheduler must be one of {', '.join(SCHEDULERS)} (got {self.scheduler!r})"
-            )
+        _ = self.sampling  # validates the sampling settings
+        checks = [
+            (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
+            (
+                1 <= self.draft_max <= 64,
+                f"--draft-max must be between 1 and 64 (got {self.draft_max})",
+            ),
+            (
+                self.mode is None or self.mode in MODES,
+                f"--mode must be one of {', '.join(MODES)} (got {self.mode!r})",
+            ),
+            (
+                self.mode in (None, "target", "ngram", "auto") or has_draft,
+                f"--mode {self.mode} needs a draft model (--draft)",
+            ),
+            (0 < self.branch_p <= 1, f"--branch-p must be in (0, 1] (got {self.branch_p})"),
+            (
+                1 <= self.max_branches <= N_SEQ_MAX,
+                f"--max-branches must be between 1 and {N_SEQ_MAX} (got {self.max_branches})",
+            ),
+            (
+                2 <= self.max_nodes <= MAX_NODES,
+                f"--max-nodes must be between 2 and {MAX_NODES} (got {self.max_nodes})",
+            ),
+            (
+                1 <= self.max_depth <= 64,
+                f"--max-depth must be between 1 and 64 (got {self.max_depth})",
+            ),
+            (0 < self.alpha0 <= 1, f"--alpha0 must be in (0, 1] (got {self.alpha0})"),
+            (
+                self.scheduler in SCHEDULERS,
+                f"--scheduler must be one of {', '.join(SCHEDULERS)} (got {self.scheduler!r})",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise BadSettingError(message)
 
 
 @dataclass
@@ -99,6 +123,11 @@ class _Run:
     draft_cached: int = 0
     generated: list[int] = field(default_factory=list)
     alpha: float = 0.01  # the tree's adaptive verification threshold, carried across rounds
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    ngram: NgramDrafter = field(default_factory=NgramDrafter)
+    policy: AutoPolicy | None = None
+    policy_calibrator: Calibrator = field(default_factory=Calibrator)
 
 
 class Engine:
@@ -130,6 +159,9 @@ class Engine:
         self.n_ctx = self.target_ctx.n_ctx
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         self._probs = np.empty(draft.n_vocab if draft else 0, dtype=np.float32)
+        self._q_rows = np.empty((0, self._probs.size), dtype=np.float32)
+        # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
+        self.relative_cost: Callable[[int], float] = lambda k: relative_cost(DEFAULT_RELATIVE, k)
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_tokens(
@@ -167,12 +199,7 @@ class Engine:
         cfg = GenerationConfig(**config)
         cfg.validate(self.draft is not None)
         if cfg.mode is None:
-            cfg = replace(cfg, mode="chain" if self.draft else "target")
-        if cfg.temperature > 0 and cfg.mode != "target":
-            raise BadSettingError(
-                f"sampling (--temp > 0) is not supported yet with --mode {cfg.mode}; "
-                "use --temp 0 or --mode target"
-            )
+            cfg = replace(cfg, mode="auto")
         if isinstance(prompt, str):
             tokens = self.prompt_tokens(prompt, chat_mode=cfg.chat, system=cfg.system)
         else:
@@ -198,81 +225,204 @@ class Engine:
         prefix = run.tokens[:-1]
         if prefix:
             self.target_ctx.decode(prefix, 0, logits="none")
-            if self.draft_ctx and cfg.mode != "target":
+            if self.draft_ctx and cfg.mode in ("chain", "tree", "auto"):
                 self.draft_ctx.decode(prefix, 0, logits="none")
                 run.draft_cached = len(prefix)
         run.target_cached = len(prefix)
         stats.prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
-        rng = np.random.default_rng(cfg.seed)
+        run.sampling = cfg.sampling
+        run.rng = run.sampling.make_rng()
         run.alpha = cfg.alpha0
+        if cfg.mode == "auto":
+            arms = ("chain", "tree") if self.draft else ()
+            run.policy = AutoPolicy(Costs(self.relative_cost), arms)
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain,
             "tree": self._round_tree,
+            "ngram": self._round_ngram,
+            "auto": self._round_auto,
         }[cfg.mode or "target"]
         try:
             while True:
                 room = self.n_ctx - len(run.tokens)  # positions left after the root's
                 if room < 0:
                     return
-                yield round_fn(run, room, rng)
+                yield round_fn(run, room)
                 stats.decode_s = time.perf_counter() - t_decode
         finally:
             stats.decode_s = time.perf_counter() - t_decode
             self._trim_caches(run)
 
-    def _pick(self, logits_row: np.ndarray, cfg: GenerationConfig, rng: np.random.Generator) -> int:
-        if cfg.temperature == 0:
-            return int(logits_row.argmax())
-        z = logits_row.astype(np.float64) / cfg.temperature
-        p = np.exp(z - z.max())
-        return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
+    def _draft_rows(self, n: int) -> np.ndarray:
+        """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
+        if self._q_rows.shape[0] < n:
+            self._q_rows = np.empty((n, self._probs.size), dtype=np.float32)
+        return self._q_rows
 
-    def _round_target(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
+    def _round_target(self, run: _Run, room: int) -> list[int]:
         feed = run.tokens[run.target_cached :]
-        logits = self.target_ctx.decode(feed, run.target_cached)
+        row = self.target_ctx.decode(feed, run.target_cached)[-1]
         run.target_cached = len(run.tokens)
         run.stats.target_passes += 1
-        return [self._pick(logits[-1], run.cfg, rng)]
+        if run.sampling.greedy:
+            return [int(row.argmax())]
+        return [sample(probs_from_logits(row, run.sampling), run.rng)]
 
-    def _round_chain(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
-        """Draft up to k tokens greedily, verify them in one target pass, keep the agreed prefix."""
-        stats, draft, draft_ctx = run.stats, self.draft, self.draft_ctx
+    def _round_chain(self, run: _Run, room: int) -> list[int]:
+        """Draft up to --draft-max tokens with the model, verify them in one target pass."""
+        k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
+        proposed, _ = self._draft_chain(run, k)
+        return self._verify_chain(run, proposed, from_draft=True)
+
+    def _draft_chain(
+        self, run: _Run, k: int, keep_going: Callable[[list[float]], bool] | None = None
+    ) -> tuple[list[int], list[float]]:
+        """Up to k draft tokens continuing the committed ones, and the draft's confidence in each.
+
+        Greedy: the draft's argmax; sampling: a draw from its (filtered) distribution, kept in the
+        q rows for the verification. `keep_going(confidences)` may stop drafting early.
+        """
+        draft, draft_ctx, params = self.draft, self.draft_ctx, run.sampling
         assert draft is not None and draft_ctx is not None
-        tokens = run.tokens
-        root_pos = len(tokens) - 1
-        remaining = run.cfg.max_tokens - len(run.generated)
-        k = min(run.cfg.draft_max, room, remaining - 1)
         proposed: list[int] = []
-        if k > 0:
-            t0 = time.perf_counter()
-            feed, pos = tokens[run.draft_cached :], run.draft_cached
-            for _ in range(k):
-                token = int(draft_ctx.decode(feed, pos)[-1].argmax())
-                pos += len(feed)
-                proposed.append(token)
-                if draft.is_eog(token):
-                    break
-                feed = [token]
-            run.draft_cached = pos
-            stats.draft_s += time.perf_counter() - t0
-        logits = self.target_ctx.decode([tokens[-1], *proposed], root_pos, logits="all")
-        best = logits.argmax(axis=1)
+        confidences: list[float] = []
+        if k <= 0:
+            return proposed, confidences
+        q_rows = self._draft_rows(k) if not params.greedy else self._q_rows
+        t0 = time.perf_counter()
+        feed, pos = run.tokens[run.draft_cached :], run.draft_cached
+        for i in range(k):
+            row = draft_ctx.decode(feed, pos)[-1]
+            pos += len(feed)
+            if params.greedy:
+                token = int(row.argmax())
+                if keep_going is not None:
+                    confidences.append(float(self._draft_probs(row)[token]))
+            else:
+                q_rows[i] = probs_from_logits(row, params)
+                token = sample(q_rows[i], run.rng)
+                confidences.append(float(q_rows[i][token]))
+            proposed.append(token)
+            if draft.is_eog(token) or (keep_going is not None and not keep_going(confidences)):
+                break
+            feed = [token]
+        run.draft_cached = pos
+        run.stats.draft_s += time.perf_counter() - t0
+        run.stats.draft_evals += len(proposed)
+        return proposed, confidences
+
+    def _verify_chain(self, run: _Run, proposed: list[int], from_draft: bool) -> list[int]:
+        """One target pass over the root and `proposed`; returns the tokens the target decided.
+
+        Greedy: the longest prefix equal to the target's argmaxes, then the target's own token.
+        Sampling: speculative sampling against the draft's q rows (accept with min(1, p/q), else
+        a sample of the residual); n-gram proposals are point masses (accept with p(x), else a
+        sample of p without x). Either way the target's distribution is kept exactly.
+        """
+        stats, params = run.stats, run.sampling
+        root_pos = len(run.tokens) - 1
+        logits = self.target_ctx.decode([run.tokens[-1], *proposed], root_pos, logits="all")
         stats.target_passes += 1
-        stats.draft_evals += len(proposed)
-        n_ok = 0
-        while n_ok < len(proposed) and proposed[n_ok] == best[n_ok]:
-            n_ok += 1
+        if params.greedy:
+            best = logits.argmax(axis=1)
+            n_ok = 0
+            while n_ok < len(proposed) and proposed[n_ok] == best[n_ok]:
+                n_ok += 1
+            next_token = int(best[n_ok])
+        elif from_draft:
+            p_rows = [probs_from_logits(row, params) for row in logits]
+            n_ok, next_token = accept_chain(
+                proposed, self._q_rows[: len(proposed)], p_rows, run.rng
+            )
+        else:
+            n_ok, next_token = 0, -1
+            for token, row in zip(proposed, logits, strict=False):
+                accepted, next_token = accept_point_mass(
+                    token, probs_from_logits(row, params), run.rng
+                )
+                if accepted is None:
+                    break
+                n_ok += 1
+            if n_ok == len(proposed):
+                next_token = sample(probs_from_logits(logits[n_ok], params), run.rng)
         if proposed:
             stats.record_verification(len(proposed), n_ok)
         committed = root_pos + 1 + n_ok  # positions below this hold committed tokens
         self.target_ctx.seq_rm(0, committed)
         run.target_cached = committed
-        if run.draft_cached > committed:
-            draft_ctx.seq_rm(0, committed)
+        if self.draft_ctx is not None and run.draft_cached > committed:
+            self.draft_ctx.seq_rm(0, committed)
             run.draft_cached = committed
-        return [*proposed[:n_ok], int(best[n_ok])]
+        return [*proposed[:n_ok], next_token]
+
+    def _round_ngram(self, run: _Run, room: int) -> list[int]:
+        """Prompt lookup: propose what followed the longest recent match of the text's end."""
+        k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
+        proposal = run.ngram.propose(run.tokens, max(k, 0))
+        decided = self._verify_chain(run, proposal.tokens, from_draft=False)
+        run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1)
+        return decided
+
+    def _round_auto(self, run: _Run, room: int) -> list[int]:
+        """Whatever promises the most tokens per second on this device right now (policy.py)."""
+        policy, costs = run.policy, run.policy.costs
+        limit = min(MAX_AUTO_DRAFT, room, run.cfg.max_tokens - len(run.generated) - 1)
+        t0 = time.perf_counter()
+        if costs.step_s.value is None:  # the first round measures a plain step
+            decided = self._round_target(run, room)
+            costs.step_s.update(time.perf_counter() - t0)
+            return decided
+        proposal = run.ngram.propose(run.tokens, max(limit, 0))
+        ngram_rate = None
+        if proposal.tokens:
+            length, ngram_rate = best_ngram_length(
+                lambda n: run.ngram.expected_accepted(proposal.ngram, n),
+                len(proposal.tokens),
+                costs,
+            )
+            proposal.tokens = proposal.tokens[:length]
+        choice = policy.choose(ngram_rate)
+        run.stats.record_choice(choice)
+        if choice == "ngram":
+            decided = self._verify_chain(run, proposal.tokens, from_draft=False)
+            run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1)
+        elif choice == "chain":
+            decided = self._auto_chain(run, limit)
+        elif choice == "tree":
+            decided = self._round_tree(run, room)
+        else:
+            decided = self._round_target(run, room)
+            costs.step_s.update(time.perf_counter() - t0)
+            return decided
+        if choice in ("chain", "tree"):
+            policy.record_arm(choice, len(decided), time.perf_counter() - t0)
+        return decided
+
+    def _auto_chain(self, run: _Run, limit: int) -> list[int]:
+        """A model chain whose length is decided token by token: draft on while one more token
+        raises the expected rate, judged from the calibrated confidences and measured costs."""
+        calibrator, costs = run.policy_calibrator, run.policy.costs
+        accept_probs: list[float] = []
+
+        def keep_going(confidences: list[float]) -> bool:
+            accept_probs.append(calibrator.predict(confidences[-1]))
+            if costs.draft_s.value is None:
+                return len(accept_probs) < 2  # first use: a short chain to measure the draft
+            return worth_drafting_on(accept_probs, accept_probs[-1], costs)
+
+        t0 = time.perf_counter()
+        evals_before = run.stats.draft_evals
+        proposed, confidences = self._draft_chain(run, limit, keep_going)
+        evals = run.stats.draft_evals - evals_before
+        if evals:
+            costs.draft_s.update((time.perf_counter() - t0) / evals)
+        decided = self._verify_chain(run, proposed, from_draft=True)
+        n_ok = len(decided) - 1
+        for i, confidence in enumerate(confidences[: n_ok + 1]):
+            calibrator.record(confidence, i < n_ok)
+        return decided
 
     def _draft_probs(self, logits_row: np.ndarray) -> np.ndarray:
         """Softmax into the engine's reused buffer (valid until the next call)."""
@@ -282,7 +432,7 @@ class Engine:
         probs *= 1.0 / probs.sum()
         return probs
 
-    def _round_tree(self, run: _Run, room: int, rng: np.random.Generator) -> list[int]:
+    def _round_tree(self, run: _Run, room: int) -> list[int]:
         """LLMCad: grow a confidence-scored token tree with the draft until its accumulated
         uncertainty crosses alpha (or a budget), then verify every branch in one target pass."""
         stats, cfg, draft, draft_ctx = run.stats, run.cfg, self.draft, self.draft_ctx
@@ -297,6 +447,11 @@ class Engine:
             PacerScheduler(cfg.max_nodes - 1) if cfg.scheduler == "pacer" else GreedyScheduler()
         )
         tree = TokenTree(tokens[-1])
+        params = run.sampling
+        # Sampling: children are draws from the draft's distribution, kept per node for the
+        # verification (SpecInfer); node i's distribution is row i of the reused buffer.
+        draws: dict[int, list[int]] = {}
+        q_rows = self._draft_rows(cfg.max_nodes) if not params.greedy else self._q_rows
         t0 = time.perf_counter()
         while (cause := verify_cause(tree, run.alpha, trigger)) is None:
             branch = scheduler.pick(tree)
@@ -310,13 +465,27 @@ class Engine:
             else:
                 logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
             stats.draft_evals += 1
+            candidates = None
+            if params.greedy:
+                probs = self._draft_probs(logits[-1])
+            else:
+                node = tree.branches[branch].leaf
+                probs = q_rows[node]
+                probs[:] = probs_from_logits(logits[-1], params)
+                # As many draws as the draft has likely candidates, decided before drawing: the
+                # count may depend on q, never on the draws themselves.
+                room_for = cfg.max_branches - len(tree.branches) + 1
+                n_draws = max(1, min(room_for, int(np.count_nonzero(probs >= cfg.branch_p))))
+                draws[node] = [sample(probs, run.rng) for _ in range(n_draws)]
+                candidates = list(dict.fromkeys(draws[node]))
             copies = tree.expand(
                 branch,
-                self._draft_probs(logits[-1]),
+                probs,
                 branch_p=cfg.branch_p,
                 max_branches=cfg.max_branches,
                 max_nodes=cfg.max_nodes,
                 is_eog=draft.is_eog,
+                candidates=candidates,
             )
             for copy in copies:
                 draft_ctx.seq_cp(copy.src_seq_id, copy.seq_id, 0, root_pos + copy.until_depth)
@@ -332,7 +501,16 @@ class Engine:
             seq_ids=seq_ids,
             logits="all",
         )
-        accepted = greedy_accept(tree, logits.argmax(axis=1))
+        if params.greedy:
+            accepted = greedy_accept(tree, logits.argmax(axis=1))
+        else:
+            accepted = sampled_accept(
+                tree,
+                lambda node: probs_from_logits(logits[node], params),
+                lambda node: q_rows[node],
+                draws,
+                run.rng,
+            )
         stats.target_passes += 1
         if len(tree.nodes) > 1:
             stats.record_verification(len(tree.nodes) - 1, len(accepted.tokens))
@@ -377,7 +555,7 @@ class Stream:
         self.engine = engine
         self.cfg = cfg
         self.stats = Stats(mode=cfg.mode or "target", n_prompt_tokens=len(prompt_tokens))
-        if cfg.mode == "tree":
+        if cfg.mode in ("tree", "auto"):
             self.stats.tree = TreeStats()
         self.run = _Run(
             tokens=list(prompt_tokens), n_prompt=len(prompt_tokens), cfg=cfg, stats=self.stats

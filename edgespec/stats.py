@@ -67,6 +67,10 @@ class Stats:
     finish_reason: str = ""
     peak_rss_mb: float = 0.0
     tree: TreeStats | None = None
+    choices: dict[str, int] = field(default_factory=dict)  # mode "auto": rounds per choice
+
+    def record_choice(self, choice: str) -> None:
+        self.choices[choice] = self.choices.get(choice, 0) + 1
 
     @property
     def tokens_per_s(self) -> float:

@@ -9,11 +9,13 @@ all branches through it gives every node exactly its ancestors as context.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+
+from .sampling import accept_among_children, sample
 
 EogTest = Callable[[int], bool] | Container[int]
 
@@ -81,12 +83,15 @@ class TokenTree:
         max_branches: int,
         max_nodes: int,
         is_eog: EogTest = (),
+        candidates: Sequence[int] | None = None,
     ) -> list[BranchCopy]:
         """Add the draft's candidates after `branch`'s leaf, which the draft has just evaluated.
 
         The most probable token extends the branch; every other token with probability >= branch_p
         starts a new branch under the same parent, most probable first, while fewer than
         max_branches branches and max_nodes nodes exist. Returns the KV copies for new branches.
+        `candidates` (distinct tokens) replaces that choice when sampling: children must then be
+        the tokens drawn from the draft, the first of them extending the branch.
         """
         ends = is_eog if callable(is_eog) else is_eog.__contains__
         if self.branches[branch].closed:
@@ -95,16 +100,20 @@ class TokenTree:
         self.nodes[parent].evaluated = True
         if len(self.nodes) >= max_nodes:
             return []
-        top = int(np.argmax(probs))
+        top = int(np.argmax(probs)) if candidates is None else int(candidates[0])
         self._add_child(parent, top, float(probs[top]), branch, ends)
 
         copies: list[BranchCopy] = []
         if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
             return copies  # skip the pass over the vocabulary when no branch could be added
-        # Only a handful of tokens can pass a threshold like 0.3: never loop over the vocabulary.
-        others = np.flatnonzero(probs >= branch_p)
-        others = others[others != top]
-        for token in others[np.argsort(-probs[others], kind="stable")]:
+        if candidates is None:
+            # Only a handful of tokens can pass a threshold like 0.3: no loop over the vocabulary.
+            others = np.flatnonzero(probs >= branch_p)
+            others = others[others != top]
+            others = others[np.argsort(-probs[others], kind="stable")]
+        else:
+            others = candidates[1:]
+        for token in others:
             if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
                 break
             new_branch = len(self.branches)
@@ -159,6 +168,41 @@ def greedy_accept(tree: TokenTree, target_argmax: np.ndarray) -> Acceptance:
     branch = max(tree.branches_through(path[-1]), key=lambda b: tree.leaf(b).confidence)
     tokens = [tree.nodes[n].token for n in path[1:]]
     return Acceptance(path, tokens, int(target_argmax[path[-1]]), branch)
+
+
+def sampled_accept(
+    tree: TokenTree,
+    target_probs: Callable[[int], np.ndarray],
+    draft_probs: Callable[[int], np.ndarray],
+    draws: Mapping[int, Sequence[int]],
+    rng: np.random.Generator,
+) -> Acceptance:
+    """SpecInfer's multi-step speculative sampling down the tree: the emitted tokens follow the
+    target's distribution exactly.
+
+    At each node, the draws made from the draft's distribution there (`draws[node]`, duplicates
+    included; the tree holds one child per distinct token) are tried against the target's
+    distribution; an accepted draw moves into its child, else the residual's sample ends the walk.
+    At a node the draft never evaluated (a leaf), the target's own sample ends it. A draw accepted
+    for which the tree has no child (a budget cut it) is emitted and ends the walk too.
+    """
+    path = [0]
+    while True:
+        node = path[-1]
+        p = target_probs(node)
+        node_draws = draws.get(node)
+        if not node_draws:
+            token = sample(p, rng)
+            break
+        accepted, token = accept_among_children(node_draws, draft_probs(node), p, rng)
+        child = next(
+            (c for c in tree.nodes[node].children if tree.nodes[c].token == accepted), None
+        )
+        if accepted is None or child is None:
+            break
+        path.append(child)
+    branch = max(tree.branches_through(path[-1]), key=lambda b: tree.leaf(b).confidence)
+    return Acceptance(path, [tree.nodes[n].token for n in path[1:]], int(token), branch)
 
 
 @dataclass(frozen=True)

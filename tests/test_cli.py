@@ -34,7 +34,7 @@ def test_run_streams_text_to_stdout_and_a_summary_to_stderr(capsys, smol_path):
     )
     assert code == 0
     assert out.strip()
-    assert "tok/s" in err and "acceptance" in err and "mode chain" in err
+    assert "tok/s" in err and "mode auto" in err
 
 
 def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, smol_path):
@@ -48,9 +48,19 @@ def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, s
     assert len(obj["tokens"]) == obj["stats"]["n_generated"] <= 10
 
 
-def test_run_with_only_a_target_decodes_plainly(capsys, smol_path):
+def test_run_with_only_a_target_needs_no_draft(capsys, smol_path):
     code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "Hi")
-    assert code == 0 and json.loads(out)["stats"]["mode"] == "target"
+    stats = json.loads(out)["stats"]
+    assert code == 0 and stats["mode"] == "auto" and stats["draft_evals"] == 0
+
+
+def test_run_in_each_mode_reports_it(capsys, smol_path):
+    for mode in ("target", "chain", "tree", "ngram", "auto"):
+        code, out, _ = cli(
+            capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "--mode", mode,
+            "-n", "8", "--json", "Hi",
+        )  # fmt: skip
+        assert code == 0 and json.loads(out)["stats"]["mode"] == mode
 
 
 def test_run_reads_the_prompt_from_stdin(capsys, monkeypatch, smol_path):

@@ -1,0 +1,223 @@
+"""`edgespec bench`: every decoding mode against plain decoding, on a suite of prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from edgespec.bench import BASELINE, BenchReport, ClassSummary, Progress
+
+BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
+
+
+def bench(
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
+        ),
+    ] = None,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
+        ),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file of [[prompts]] entries: name, class, text, max_tokens "
+            "[default: the suite shipped with edgespec]"
+        ),
+    ] = None,
+    modes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated modes, e.g. target,chain,llama [default: all that can run]"
+        ),
+    ] = None,
+    classes: Annotated[
+        str | None, typer.Option(help="Comma-separated prompt classes [default: all]")
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Runs of every mode on every prompt")] = 3,
+    threads: Annotated[
+        int | None, typer.Option("--threads", "-t", help="Threads [default: all cores]")
+    ] = None,
+    ctx_size: Annotated[
+        int, typer.Option("--ctx-size", "-c", help="Context size in tokens")
+    ] = 4096,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", "-n", help="Tokens per prompt [default: each prompt's own]"),
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the full report to this JSON file")
+    ] = None,
+) -> None:
+    """Measure decode speed of every mode against plain decoding, in one interleaved run.
+
+    On a CPU speculation can be slower than plain decoding: only a ratio measured in the same
+    run says whether it pays. Modes are edgespec's and, as baselines, llama-cpp-python's plain
+    decoding ("llama") and its prompt-lookup speculation ("llama-lookup").
+    """
+    # Imported here: app.py imports this module to register the command.
+    from edgespec.bench import available_modes, load_prompts, run_bench
+    from edgespec.errors import BadSettingError
+
+    from .app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+    selected = load_prompts(prompts, _split(classes) if classes else None)
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise BadSettingError(f"--max-tokens must be at least 1 (got {max_tokens})")
+        selected = [replace(p, max_tokens=max_tokens) for p in selected]
+    target_path = resolve_model(target, DEFAULT_TARGET)
+    draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
+    assert target_path is not None
+    mode_list = _split(modes) if modes else available_modes(draft_path is not None)
+
+    status = Console(stderr=True, highlight=False)
+    status.print(
+        f"benchmarking {', '.join(mode_list)} on {_plural(len(selected), 'prompt')}, "
+        f"{_plural(repeats, 'repeat')}",
+        style="dim",
+        markup=False,
+        soft_wrap=True,
+    )
+    report = run_bench(
+        target_path,
+        draft_path,
+        mode_list,
+        selected,
+        repeats=repeats,
+        threads=threads,
+        n_ctx=ctx_size,
+        progress=_progress_line(status),
+    )
+
+    console = Console(highlight=False)
+    console.print(_header(report), markup=False, soft_wrap=True)
+    for class_name in report.class_names:
+        console.print(class_table(report.summaries(class_name), class_name))
+    console.print(ratio_chart(report))
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        status.print(f"wrote {json_out}", style="dim", markup=False)
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _progress_line(status: Console) -> Progress | None:
+    """One line on stderr, rewritten in place between runs (never animated: a refresh thread
+    would take CPU from the runs being timed). Off when stderr is not a terminal."""
+    if not status.is_terminal:
+        return None
+
+    def show(done: int, total: int, label: str) -> None:
+        sys.stderr.write(f"\r\x1b[K[{done}/{total}] {label}")
+        if done == total:
+            sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+    return show
+
+
+def _header(report: BenchReport) -> str:
+    settings = report.settings
+    draft = settings.draft.file if settings.draft else "none"
+    return (
+        f"target {settings.target.file}, draft {draft}, {settings.threads} threads, "
+        f"{_plural(settings.repeats, 'repeat')}, greedy\n"
+        f"{report.machine['cpu']}, {settings.date}"
+    )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
+    n_prompts = summaries[0].n_prompts if summaries else 0
+    table = Table(
+        title=f"{class_name} ({_plural(n_prompts, 'prompt')}, medians)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,  # fits 80 columns
+    )
+    table.add_column("mode", no_wrap=True)
+    for header in (
+        "tok/s",
+        "× plain",
+        "min ×",
+        "acceptance",
+        "mean\naccepted",
+        "passes\n/token",
+        "same as\nplain",
+    ):
+        table.add_column(header, justify="right", no_wrap=True)
+    for s in summaries:
+        table.add_row(
+            s.mode,
+            f"{s.tokens_per_s:.1f}",
+            Text(_fmt(s.median_ratio, ".2f"), style="green" if (s.median_ratio or 0) > 1 else ""),
+            _fmt(s.min_ratio, ".2f"),
+            _fmt(s.acceptance, ".0%"),
+            _fmt(s.mean_accepted, ".2f"),
+            _fmt(s.passes_per_token, ".2f"),
+            f"{s.n_same}/{s.n_prompts}",
+        )
+    return table
+
+
+def ratio_bar(ratio: float, scale_max: float, width: int = BAR_WIDTH) -> str:
+    """`width` cells filled in proportion to ratio / scale_max, with a '│' at 1.0× drawn over
+    them: the bar crosses it when the mode beats plain decoding."""
+    filled = round(min(ratio, scale_max) / scale_max * width)
+    marker = round(1.0 / scale_max * width)
+    cells = ["█" if i < filled else " " for i in range(max(width, marker + 1))]
+    cells[min(marker, len(cells) - 1)] = "│"
+    return "".join(cells)
+
+
+def ratio_chart(report: BenchReport) -> Table:
+    """Median speed over plain decoding per mode and class, as bars against a 1.0× line."""
+    ratios = [s.median_ratio for s in report.classes if s.median_ratio is not None]
+    # At least 0..2×, so that 1.0× sits mid-bar and small differences stay visible.
+    scale_max = max(2.0, *ratios) if ratios else 2.0
+    chart = Table(
+        title=f"speed over plain decoding (│ = 1.0×, bar end = {scale_max:.2f}×)",
+        title_justify="left",
+        box=None,
+        show_header=False,
+        pad_edge=False,
+    )
+    chart.add_column("class", no_wrap=True)
+    chart.add_column("mode", no_wrap=True)
+    chart.add_column("bar", no_wrap=True)
+    chart.add_column("ratio", justify="right", no_wrap=True)
+    for class_name in report.class_names:
+        for i, s in enumerate(report.summaries(class_name)):
+            if s.median_ratio is None:
+                bar, label, style = "", "–", ""
+            else:
+                bar = ratio_bar(s.median_ratio, scale_max)
+                label = f"{s.median_ratio:.2f}×"
+                style = "dim" if s.mode == BASELINE else "green" if s.median_ratio > 1 else "red"
+            chart.add_row(class_name if i == 0 else "", s.mode, Text(bar, style=style), label)
+    return chart

@@ -1,0 +1,69 @@
+"""Flags shared by `run` and `chat`. None means "not given": the config file, the environment or
+the default decides (edgespec.config.resolve), so every value flag here defaults to None."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from edgespec.config import Settings
+
+Target = Annotated[
+    str | None,
+    typer.Option(
+        "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
+    ),
+]
+Draft = Annotated[
+    str | None,
+    typer.Option(
+        help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
+    ),
+]
+Mode = Annotated[
+    str | None,
+    typer.Option(
+        help="auto (choose per round what pays on this device), target (plain decoding), "
+        "chain, tree (LLMCad token tree) or ngram (prompt lookup) [default: auto]"
+    ),
+]
+MaxTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tokens", "-n", help=f"Tokens to generate at most [default: {Settings.max_tokens}]"
+    ),
+]
+Temp = Annotated[
+    float | None, typer.Option("--temp", help="Sampling temperature; 0 is greedy [default: 0]")
+]
+TopK = Annotated[int | None, typer.Option("--top-k", help="Keep the k most likely tokens (0: off)")]
+TopP = Annotated[
+    float | None,
+    typer.Option("--top-p", help="Keep the most likely tokens up to this mass (1: off)"),
+]
+MinP = Annotated[
+    float | None,
+    typer.Option("--min-p", help="Drop tokens below this fraction of the best one (0: off)"),
+]
+Seed = Annotated[int | None, typer.Option(help="Random seed for sampling")]
+Threads = Annotated[
+    int | None, typer.Option("--threads", "-t", help="Target threads [default: all cores]")
+]
+DraftThreads = Annotated[int | None, typer.Option(help="Draft threads [default: as --threads]")]
+CtxSize = Annotated[
+    int | None,
+    typer.Option("--ctx-size", "-c", help=f"Context size in tokens [default: {Settings.ctx_size}]"),
+]
+DraftMax = Annotated[
+    int | None,
+    typer.Option(help=f"Tokens drafted per verification at most [default: {Settings.draft_max}]"),
+]
+System = Annotated[str | None, typer.Option(help="System message (chat template)")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")]
+BranchP = Annotated[float, typer.Option(help="Tree: a candidate this probable starts a branch")]
+MaxBranches = Annotated[int, typer.Option(help="Tree: branches at most")]
+MaxNodes = Annotated[int, typer.Option(help="Tree: nodes per verification at most (root included)")]
+MaxDepth = Annotated[int, typer.Option(help="Tree: depth at most")]
+Alpha0 = Annotated[float, typer.Option(help="Tree: initial confidence threshold for verifying")]
+Scheduler = Annotated[str, typer.Option(help="Tree: branch scheduler, pacer (LLMCad) or greedy")]

@@ -1,0 +1,109 @@
+"""`edgespec profile`: measure this device's cost curve T(k) for a target (and a draft's step)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edgespec.profile import DeviceProfile, profile_model, save_profile
+
+
+def profile(
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
+        ),
+    ] = None,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", "-t", help="Threads [default: all cores]")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer batch sizes and rounds: a few seconds")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Measure how long one target pass over k tokens takes on this device, and save it.
+
+    T(k)/T(1) is what verifying k tokens costs in plain decoding steps; k / (T(k)/T(1)) is the
+    speed-up if every proposal of k tokens were accepted. The draft's cost c_d is its step time
+    over the target's.
+    """
+    # Imported here: app.py imports this module to register the command.
+    from edgespec.engine import default_threads
+
+    from .app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+    target_path = resolve_model(target, DEFAULT_TARGET)
+    draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
+    assert target_path is not None
+    n_threads = threads or default_threads()
+    status = Console(stderr=True, highlight=False)
+
+    def measure(path: Path) -> tuple[DeviceProfile, Path]:
+        with status.status(f"measuring {path.name} on {n_threads} threads"):
+            measured = profile_model(path, n_threads, quick=quick)
+        return measured, save_profile(measured)
+
+    target_profile, target_saved = measure(target_path)
+    draft_profile, draft_saved = measure(draft_path) if draft_path else (None, None)
+    draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
+
+    if as_json:
+        report = {
+            "target": target_profile.to_dict(),
+            "rows": curve_rows(target_profile),
+            "draft": draft_profile.to_dict() if draft_profile else None,
+            "draft_cost": draft_cost,
+            "saved": [str(p) for p in (target_saved, draft_saved) if p],
+        }
+        typer.echo(json.dumps(report))
+        return
+    console = Console(highlight=False)
+    console.print(curve_table(target_profile))
+    if draft_profile and draft_cost is not None:
+        console.print(
+            f"draft {draft_profile.model_file}: T(1) {draft_profile.step_s * 1000:.2f} ms, "
+            f"c_d = {draft_cost:.2f} target steps per draft token"
+        )
+    for saved in (target_saved, draft_saved):
+        if saved:
+            status.print(f"[dim]saved {saved}[/dim]")
+
+
+def curve_rows(p: DeviceProfile) -> list[dict[str, float]]:
+    return [
+        {"k": k, "seconds": s, "relative": p.relative(k), "ceiling": k / p.relative(k)}
+        for k, s in zip(p.ks, p.seconds, strict=True)
+    ]
+
+
+def curve_table(p: DeviceProfile) -> Table:
+    table = Table(
+        "k",
+        "T(k) ms",
+        "T(k)/T(1)",
+        "k/(T(k)/T(1))",
+        title=f"{p.model_file}, {p.n_threads} threads on CPUs {p.cpus}",
+    )
+    for column in table.columns:
+        column.justify = "right"
+    for row in curve_rows(p):
+        table.add_row(
+            str(row["k"]),
+            f"{row['seconds'] * 1000:.2f}",
+            f"{row['relative']:.2f}",
+            f"{row['ceiling']:.2f}",
+        )
+    return table

@@ -1,0 +1,593 @@
+"""Benchmark: every decoding mode against plain decoding, on the same prompts, in one run.
+
+Speculation can be slower than plain decoding on a CPU (edge-physics.md), so the only honest
+figure is a ratio to plain decoding measured in the same run on the same machine. Every mode runs
+the same target file with the same threads, context size and prompt tokens, greedily, and is timed
+over the decode phase only (see `Measurement`). Besides edgespec's own modes, two baselines
+from llama-cpp-python's high-level `Llama` are measured: plain greedy decoding ("llama") and its
+prompt-lookup speculative decoding ("llama-lookup").
+
+Runs are interleaved: each repeat goes through every prompt and runs every mode on it in a
+shuffled order, so slow drift of a shared machine spreads over the modes instead of biasing the
+ones measured last.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from llama_cpp import Llama
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+from .engine import MODES, Engine, GenerationConfig, default_threads, load
+from .errors import BadSettingError, EdgespecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+BASELINE = "target"  # edgespec's plain decoding: every ratio is to this mode
+LLAMA_MODES = ("llama", "llama-lookup")
+# Draft length of "llama-lookup". The library's default is 10, but a pass over 11 tokens costs
+# about 5.4 plain steps on the reference CPU (edge-physics.md); 4 is within the 4-8 that
+# llama.cpp's own lookup was run with there, and the setting of the 0.50x figure it reports for
+# this baseline.
+LOOKUP_TOKENS = 4
+WARMUP_TOKENS = 8  # an untimed first generation per mode: threads spun up, weights paged in
+PROMPTS_FILE = "bench_prompts.toml"
+
+Progress = Callable[[int, int, str], None]  # (runs done, runs in all, the run about to start)
+
+
+# ----- prompts -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    name: str
+    class_name: str  # what kind of work: code, edit, chat, summary
+    text: str
+    max_tokens: int
+
+
+def load_prompts(
+    path: str | Path | None = None, classes: Iterable[str] | None = None
+) -> list[BenchPrompt]:
+    """The prompts of a TOML file (default: the suite shipped with edgespec), optionally only
+    those of some classes. The file holds `[[prompts]]` entries with name, class, text and
+    max_tokens."""
+    if path is None:
+        raw = resources.files("edgespec").joinpath(PROMPTS_FILE).read_text("utf-8")
+        source = PROMPTS_FILE
+    else:
+        try:
+            raw = Path(path).read_text("utf-8")
+        except OSError as e:
+            raise BadSettingError(f"cannot read the prompt file {path}: {e.strerror}") from None
+        source = str(path)
+    try:
+        entries = tomllib.loads(raw).get("prompts", [])
+    except tomllib.TOMLDecodeError as e:
+        raise BadSettingError(f"{source} is not valid TOML: {e}") from None
+    prompts = [_prompt_from_entry(entry, source) for entry in entries]
+    if not prompts:
+        raise BadSettingError(f"{source} has no [[prompts]] entries")
+    names = [p.name for p in prompts]
+    if len(set(names)) < len(names):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        raise BadSettingError(f"{source}: prompt names must be unique ({', '.join(duplicates)})")
+    if classes is not None:
+        wanted = list(dict.fromkeys(classes))
+        known = list(dict.fromkeys(p.class_name for p in prompts))
+        unknown = [c for c in wanted if c not in known]
+        if unknown:
+            raise BadSettingError(
+                f"no prompts of class {', '.join(unknown)} in {source} (it has {', '.join(known)})"
+            )
+        prompts = [p for p in prompts if p.class_name in wanted]
+    return prompts
+
+
+def _prompt_from_entry(entry: dict[str, object], source: str) -> BenchPrompt:
+    name, class_name, text, max_tokens = (
+        entry.get(key) for key in ("name", "class", "text", "max_tokens")
+    )
+    label = name if isinstance(name, str) else repr(entry)[:40]
+    if not (isinstance(name, str) and isinstance(class_name, str) and isinstance(text, str)):
+        raise BadSettingError(f"{source}: prompt {label} needs a name, a class and a text")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadSettingError(f"{source}: prompt {label} needs max_tokens, a positive integer")
+    if not text.strip():
+        raise BadSettingError(f"{source}: prompt {label} has an empty text")
+    return BenchPrompt(name, class_name, text.strip(), max_tokens)
+
+
+# ----- modes -------------------------------------------------------------------------------
+
+
+def needs_draft(mode: str) -> bool:
+    """Whether an engine mode needs a draft model (the engine's own validation decides)."""
+    try:
+        GenerationConfig(mode=mode).validate(has_draft=False)
+    except BadSettingError:
+        return True
+    return False
+
+
+def available_modes(has_draft: bool) -> list[str]:
+    """Every mode that can run: edgespec's (those needing a draft only with one), then llama's."""
+    return [m for m in MODES if has_draft or not needs_draft(m)] + list(LLAMA_MODES)
+
+
+def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
+    """The modes to run, baseline first, each once; unknown modes and missing drafts raise."""
+    for mode in modes:
+        if mode in LLAMA_MODES:
+            continue
+        if mode not in MODES:
+            choices = ", ".join([*MODES, *LLAMA_MODES])
+            raise BadSettingError(f"unknown mode {mode!r}; the modes are {choices}")
+        GenerationConfig(mode=mode).validate(has_draft)  # e.g. "--mode chain needs a draft"
+    return list(dict.fromkeys([BASELINE, *modes]))
+
+
+# ----- one generation ----------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One greedy generation, timed over its decode phase only.
+
+    decode_s starts once the prompt minus its last token is in the KV cache and ends when the
+    last generated token is known: it includes evaluating the last prompt token, never the bulk
+    of the prefill, which every mode does the same way.
+    """
+
+    tokens: list[int]  # generated tokens, the end-of-generation token not included
+    decode_s: float
+    target_passes: int  # target evaluations during decoding (plain steps or verifications)
+    draft_tokens: int = 0  # tokens proposed for verification
+    accepted_tokens: int = 0  # proposed tokens the target agreed with
+    verifications: int = 0  # target passes that verified at least one proposed token
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        return self.accepted_tokens / self.verifications if self.verifications else None
+
+    @property
+    def passes_per_token(self) -> float | None:
+        return self.target_passes / len(self.tokens) if self.tokens else None
+
+
+Runner = Callable[[list[int], int], Measurement]  # (prompt tokens, max_tokens) -> measurement
+
+
+def engine_runner(engine: Engine, mode: str) -> Runner:
+    def measure(prompt_tokens: list[int], max_tokens: int) -> Measurement:
+        result = engine.generate(prompt_tokens, mode=mode, max_tokens=max_tokens)
+        stats = result.stats
+        return Measurement(
+            tokens=result.tokens,
+            decode_s=stats.decode_s,
+            target_passes=stats.target_passes,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            verifications=stats.verifications,
+        )
+
+    return measure
+
+
+class _CountingLlama(Llama):
+    """llama-cpp-python's Llama, recording how many tokens each evaluation held."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pass_sizes: list[int] = []
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        self.pass_sizes.append(len(tokens))
+        super().eval(tokens)
+
+
+class LlamaRunner:
+    """Greedy decoding through llama-cpp-python's high-level API, plain or with prompt lookup.
+
+    Its settings mirror the engine's target context: same file, threads for decode and batch,
+    context size and batch size, and flash attention on (the engine's context leaves it on
+    "auto", which llama.cpp turns on for the CPU; Llama's default is off).
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int,
+        threads: int,
+        is_eog: Callable[[int], bool],
+        lookup_tokens: int | None = None,
+    ):
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        self.llm = _CountingLlama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_ubatch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=0,
+            flash_attn=True,
+            draft_model=draft,
+            # A draft model makes Llama keep logits for every evaluated token, but it sizes that
+            # buffer by this argument: without it, a prompt longer than n_batch fails to evaluate.
+            logits_all=draft is not None,
+            verbose=False,
+        )
+        self.is_eog = is_eog
+
+    def __call__(self, prompt_tokens: list[int], max_tokens: int) -> Measurement:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt_tokens[:-1])  # the prefill, untimed as in the engine
+        llm.pass_sizes.clear()
+        generated: list[int] = []
+        stopped_on_eog = False
+        # generate() compares the prompt with the tokens already evaluated and keeps that prefix
+        # in the cache, so it evaluates only the last prompt token before sampling: the timed
+        # span below is the same decode phase as the engine's. Seen on SmolLM2 with an 867-token
+        # prompt: n_tokens went 866 -> 867 and the first token took 0.03 s, against one pass of
+        # 867 tokens and 7.5 s without the prefill. Checked on every run (pass_sizes[0] == 1).
+        start = time.perf_counter()
+        for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0, reset=True):
+            if self.is_eog(token):
+                stopped_on_eog = True
+                break
+            generated.append(token)
+            if len(generated) >= max_tokens:
+                break
+        decode_s = time.perf_counter() - start
+        sizes = list(llm.pass_sizes)
+        if sizes and sizes[0] != 1:
+            raise EdgespecError(
+                f"llama-cpp-python evaluated {sizes[0]} prompt tokens inside the timed decode "
+                "instead of reusing the prefilled cache: its tok/s would not be comparable"
+            )
+        # Every pass after the first is [the last sampled token, *proposed tokens], and yields
+        # the tokens the target agreed with plus one of its own.
+        yielded = len(generated) + stopped_on_eog
+        return Measurement(
+            tokens=generated,
+            decode_s=decode_s,
+            target_passes=len(sizes),
+            draft_tokens=sum(size - 1 for size in sizes),
+            accepted_tokens=max(0, yielded - len(sizes)),
+            verifications=sum(1 for size in sizes if size > 1),
+        )
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+# ----- report ------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchRow:
+    """One mode on one prompt, over all repeats."""
+
+    mode: str
+    prompt: str
+    class_name: str
+    tokens_per_s: float  # median over repeats
+    runs_tokens_per_s: list[float]
+    ratio: float | None  # tokens_per_s / the baseline's on this prompt; None if it made nothing
+    n_generated: int
+    acceptance: float | None  # median; None when nothing was proposed
+    mean_accepted: float | None
+    passes_per_token: float | None
+    same_as_target: bool  # every repeat generated exactly the baseline's tokens
+    tokens: list[int]  # of the first repeat
+    text: str
+
+
+@dataclass
+class ClassSummary:
+    """One mode over the prompts of one class: medians of the per-prompt figures."""
+
+    mode: str
+    class_name: str
+    tokens_per_s: float
+    median_ratio: float | None
+    min_ratio: float | None
+    acceptance: float | None
+    mean_accepted: float | None
+    passes_per_token: float | None
+    n_same: int  # prompts whose output equals the baseline's
+    n_prompts: int
+
+
+@dataclass
+class ModelFile:
+    file: str
+    path: str
+    bytes: int
+
+    @classmethod
+    def of(cls, path: Path) -> ModelFile:
+        return cls(path.name, str(path), path.stat().st_size)
+
+
+@dataclass
+class BenchSettings:
+    """What every mode shared in this run."""
+
+    date: str
+    target: ModelFile
+    draft: ModelFile | None
+    threads: int  # for decoding and batches alike; the draft's too
+    n_ctx: int
+    repeats: int
+    modes: list[str]
+    lookup_tokens: int  # draft length of "llama-lookup"
+    seed: int  # of the shuffled mode order
+    greedy: bool = True
+
+
+@dataclass
+class BenchReport:
+    machine: dict[str, object]
+    settings: BenchSettings
+    prompts: list[dict[str, object]]
+    rows: list[BenchRow]
+    classes: list[ClassSummary] = field(default_factory=list)
+
+    @property
+    def modes(self) -> list[str]:
+        return list(dict.fromkeys(row.mode for row in self.rows))
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(dict.fromkeys(summary.class_name for summary in self.classes))
+
+    def row(self, mode: str, prompt: str) -> BenchRow:
+        return next(r for r in self.rows if r.mode == mode and r.prompt == prompt)
+
+    def summaries(self, class_name: str) -> list[ClassSummary]:
+        return [s for s in self.classes if s.class_name == class_name]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "machine": self.machine,
+            "settings": asdict(self.settings),
+            "prompts": self.prompts,
+            "rows": [asdict(row) for row in self.rows],
+            "classes": [asdict(summary) for summary in self.classes],
+        }
+
+
+def _median_or_none(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _row(
+    mode: str,
+    prompt: BenchPrompt,
+    runs: list[Measurement],
+    baseline: list[Measurement],
+    engine: Engine,
+) -> BenchRow:
+    tokens_per_s = statistics.median(m.tokens_per_s for m in runs)
+    baseline_tokens_per_s = statistics.median(m.tokens_per_s for m in baseline)
+    return BenchRow(
+        mode=mode,
+        prompt=prompt.name,
+        class_name=prompt.class_name,
+        tokens_per_s=tokens_per_s,
+        runs_tokens_per_s=[m.tokens_per_s for m in runs],
+        ratio=tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s > 0 else None,
+        n_generated=len(runs[0].tokens),
+        acceptance=_median_or_none(m.acceptance for m in runs),
+        mean_accepted=_median_or_none(m.mean_accepted for m in runs),
+        passes_per_token=_median_or_none(m.passes_per_token for m in runs),
+        same_as_target=all(m.tokens == baseline[0].tokens for m in runs),
+        tokens=runs[0].tokens,
+        text=engine.target.detokenize(runs[0].tokens),
+    )
+
+
+def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSummary:
+    ratios = [r.ratio for r in rows if r.ratio is not None]
+    return ClassSummary(
+        mode=mode,
+        class_name=class_name,
+        tokens_per_s=statistics.median(r.tokens_per_s for r in rows),
+        median_ratio=statistics.median(ratios) if ratios else None,
+        min_ratio=min(ratios) if ratios else None,
+        acceptance=_median_or_none(r.acceptance for r in rows),
+        mean_accepted=_median_or_none(r.mean_accepted for r in rows),
+        passes_per_token=_median_or_none(r.passes_per_token for r in rows),
+        n_same=sum(r.same_as_target for r in rows),
+        n_prompts=len(rows),
+    )
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (x86 "model name", ARM "Hardware"/"Model")."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for key in ("model name", "Hardware", "Model"):
+        for line in lines:
+            name, _, value = line.partition(":")
+            if name.strip() == key and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict[str, object]:
+    import llama_cpp
+
+    from . import __version__
+
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": default_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+        "edgespec": __version__,
+    }
+
+
+# ----- the benchmark -----------------------------------------------------------------------
+
+
+def run_bench(
+    target: str | Path,
+    draft: str | Path | None,
+    modes: Sequence[str],
+    prompts: Sequence[BenchPrompt],
+    repeats: int = 3,
+    threads: int | None = None,
+    n_ctx: int = 4096,
+    progress: Progress | None = None,
+    *,
+    lookup_tokens: int = LOOKUP_TOKENS,
+    seed: int = 0,
+) -> BenchReport:
+    """Run every mode on every prompt `repeats` times, interleaved, and compare them.
+
+    `modes` are edgespec's engine modes and "llama" / "llama-lookup"; the baseline "target" is
+    always run. One Engine (with the draft) serves every engine mode; each llama mode loads the
+    target once more. `progress` is called before each run, never inside a timed span.
+    """
+    if repeats < 1:
+        raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
+    if not prompts:
+        raise BadSettingError("no prompts to run")
+    target, draft = Path(target), Path(draft) if draft is not None else None
+    modes = _checked_modes(modes, has_draft=draft is not None)
+    threads = threads or default_threads()
+    engine = load(target, draft, n_ctx=n_ctx, threads=threads)
+    prompt_tokens = {p.name: engine.prompt_tokens(p.text) for p in prompts}
+    for p in prompts:
+        # Llama stops with an error when its cache is full; a draft may overshoot by its length.
+        if len(prompt_tokens[p.name]) + p.max_tokens + lookup_tokens >= engine.n_ctx:
+            raise BadSettingError(
+                f"prompt {p.name}: {len(prompt_tokens[p.name])} tokens + {p.max_tokens} to "
+                f"generate do not fit a context of {engine.n_ctx}; use a larger --ctx-size"
+            )
+
+    llama_runners = {
+        mode: LlamaRunner(
+            target,
+            n_ctx=engine.n_ctx,
+            threads=threads,
+            is_eog=engine.target.is_eog,
+            lookup_tokens=lookup_tokens if mode == "llama-lookup" else None,
+        )
+        for mode in modes
+        if mode in LLAMA_MODES
+    }
+    runners: dict[str, Runner] = {
+        mode: llama_runners[mode] if mode in LLAMA_MODES else engine_runner(engine, mode)
+        for mode in modes
+    }
+    try:
+        runs = _interleaved_runs(runners, prompts, prompt_tokens, repeats, progress, seed)
+    finally:
+        for runner in llama_runners.values():
+            runner.close()
+
+    rows = [
+        _row(mode, p, runs[mode, p.name], runs[BASELINE, p.name], engine)
+        for p in prompts
+        for mode in modes
+    ]
+    class_names = list(dict.fromkeys(p.class_name for p in prompts))
+    classes = [
+        _class_summary(mode, c, [r for r in rows if r.mode == mode and r.class_name == c])
+        for c in class_names
+        for mode in modes
+    ]
+    settings = BenchSettings(
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=ModelFile.of(target),
+        draft=ModelFile.of(draft) if draft is not None else None,
+        threads=threads,
+        n_ctx=engine.n_ctx,
+        repeats=repeats,
+        modes=modes,
+        lookup_tokens=lookup_tokens,
+        seed=seed,
+    )
+    prompt_info = [
+        {
+            "name": p.name,
+            "class": p.class_name,
+            "max_tokens": p.max_tokens,
+            "prompt_tokens": len(prompt_tokens[p.name]),
+        }
+        for p in prompts
+    ]
+    return BenchReport(machine_info(), settings, prompt_info, rows, classes)
+
+
+def _interleaved_runs(
+    runners: dict[str, Runner],
+    prompts: Sequence[BenchPrompt],
+    prompt_tokens: dict[str, list[int]],
+    repeats: int,
+    progress: Progress | None,
+    seed: int,
+) -> dict[tuple[str, str], list[Measurement]]:
+    """A short untimed warm-up of every mode, then for each repeat and prompt, every mode in a
+    shuffled order. Returns the measurements of each (mode, prompt name)."""
+    modes = list(runners)
+    total = len(modes) * (1 + repeats * len(prompts))
+    done = 0
+
+    def report(label: str) -> None:
+        if progress is not None:
+            progress(done, total, label)
+
+    first = prompts[0]
+    for mode in modes:
+        report(f"warm-up {mode}")
+        runners[mode](prompt_tokens[first.name], min(WARMUP_TOKENS, first.max_tokens))
+        done += 1
+    runs: dict[tuple[str, str], list[Measurement]] = {
+        (mode, p.name): [] for mode in modes for p in prompts
+    }
+    order = random.Random(seed)
+    for repeat in range(repeats):
+        for p in prompts:
+            for mode in order.sample(modes, len(modes)):
+                report(f"repeat {repeat + 1}/{repeats} {p.class_name}/{p.name} {mode}")
+                runs[mode, p.name].append(runners[mode](prompt_tokens[p.name], p.max_tokens))
+                done += 1
+    report("done")
+    return runs

@@ -1,0 +1,177 @@
+"""Which CPUs are big and which are little, and where the target and the draft should run.
+
+llama.cpp splits every matrix product evenly across its threads and waits for the slowest, so a
+thread on a little core holds the big ones back (−30–40 % decode on a Snapdragon 8 Gen 2). The
+target therefore gets every core above the lowest tier (prime, big and mid cores together: decode
+is memory-bound and wants all fast cores, not just the single prime one) and the draft the lowest
+tier, where it can run while the target verifies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import BadSettingError
+
+# "CPU part" ids from /proc/cpuinfo, ranked by speed: 0 little, 1 big, 2 prime.
+# fmt: off
+ARM_PART_RANK = {
+    0xD03: 0, 0xD04: 0, 0xD05: 0, 0xD46: 0, 0xD80: 0,  # A53, A35, A55, A510, A520
+    0xD07: 1, 0xD08: 1, 0xD09: 1, 0xD0A: 1, 0xD0B: 1, 0xD0D: 1,  # A57, A72, A73, A75, A76, A77
+    0xD41: 1, 0xD47: 1, 0xD4D: 1, 0xD81: 1,  # A78, A710, A715, A720
+    0xD44: 2, 0xD48: 2, 0xD4E: 2, 0xD82: 2,  # X1, X2, X3, X4
+    0x800: 1, 0x801: 0, 0x802: 1, 0x803: 0, 0x804: 1, 0x805: 0,  # Qualcomm Kryo 2xx-4xx Gold/Silver
+}
+# fmt: on
+
+MAX_FREQ = "cpufreq/cpuinfo_max_freq"
+
+
+@dataclass
+class CoreLayout:
+    big: list[int]  # every tier above the lowest; all cores when uniform
+    little: list[int]  # the lowest tier; empty when uniform
+    uniform: bool
+    source: str  # "cpu_capacity", "cpuinfo_max_freq", "cpu part" or "none"
+
+
+@dataclass
+class Placement:
+    target_cpus: list[int]
+    draft_cpus: list[int]
+    note: str
+
+
+def _cpu_range_list(text: str) -> list[int]:
+    """The kernel's CPU list notation, "0-3,6" -> [0, 1, 2, 3, 6]; ValueError on bad syntax."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match or (match[2] and int(match[2]) < int(match[1])):
+            raise ValueError(f"bad CPU list {text!r}")
+        cpus.update(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return sorted(cpus)
+
+
+def format_cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> "0-3,6", the kernel's own notation."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def available_cpus() -> set[int]:
+    """The CPUs the calling thread may use (a pinned thread sees only its own pins)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_parts(cpuinfo: Path) -> dict[int, int]:
+    """processor number -> CPU part, from /proc/cpuinfo (ARM only; x86 has no such line)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {}
+    parts, processor = {}, None
+    for line in text.splitlines():
+        key, _, value = (s.strip() for s in line.partition(":"))
+        if key == "processor" and value.isdigit():
+            processor = int(value)
+        elif key == "CPU part" and processor is not None and re.fullmatch(r"0x[0-9a-fA-F]+", value):
+            parts[processor] = int(value, 16)
+    return parts
+
+
+def detect_cores(
+    sysfs: Path = Path("/sys/devices/system/cpu"),
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+    allowed: set[int] | None = None,
+) -> CoreLayout:
+    """Rank the online CPUs in `allowed` (default: this process's affinity) from the best source."""
+    allowed = available_cpus() if allowed is None else allowed
+    # Without a sysfs tree (macOS, Windows) every allowed CPU counts, all equal.
+    present = {int(p.name[3:]) for p in sysfs.glob("cpu[0-9]*") if p.name[3:].isdigit()} or allowed
+    with contextlib.suppress(OSError, ValueError):  # no or unreadable list: trust per-CPU files
+        present = present & set(_cpu_range_list((sysfs / "online").read_text()))
+    # cpu0 often has no "online" file: it cannot be taken offline.
+    cpus = sorted(c for c in present & allowed if _read_int(sysfs / f"cpu{c}" / "online") != 0)
+
+    parts = _cpu_parts(cpuinfo)
+    sources = {
+        "cpu_capacity": {c: _read_int(sysfs / f"cpu{c}" / "cpu_capacity") for c in cpus},
+        "cpuinfo_max_freq": {c: _read_int(sysfs / f"cpu{c}" / MAX_FREQ) for c in cpus},
+        "cpu part": {c: ARM_PART_RANK.get(parts.get(c, -1)) for c in cpus},
+    }
+    for source, rank in sources.items():
+        if cpus and all(r is not None for r in rank.values()):
+            lowest = min(r for r in rank.values() if r is not None)
+            little = [c for c in cpus if rank[c] == lowest]
+            if len(little) < len(cpus):
+                return CoreLayout([c for c in cpus if rank[c] != lowest], little, False, source)
+            return CoreLayout(cpus, [], True, source)
+    return CoreLayout(cpus, [], True, "none")
+
+
+def default_placement(layout: CoreLayout) -> Placement:
+    if layout.uniform or not layout.little:
+        cpus = format_cpu_list(layout.big)
+        note = f"uniform cores ({layout.source}): target and draft take turns on CPUs {cpus}"
+        return Placement(layout.big, layout.big, note)
+    big, little = format_cpu_list(layout.big), format_cpu_list(layout.little)
+    note = f"target on big CPUs {big}, draft on little CPUs {little} (from {layout.source})"
+    return Placement(layout.big, layout.little, note)
+
+
+def parse_cpu_list(text: str, available: set[int] | None = None) -> list[int]:
+    """A --target-cpus/--draft-cpus value like "0-3,6", checked against the usable CPUs."""
+    try:
+        cpus = _cpu_range_list(text)
+    except ValueError:
+        raise BadSettingError(f"bad CPU list {text!r}: expected a form like 0-3,6") from None
+    available = available_cpus() if available is None else available
+    if missing := [c for c in cpus if c not in available]:
+        raise BadSettingError(
+            f"CPUs {format_cpu_list(missing)} are not available here "
+            f"(usable: {format_cpu_list(sorted(available))})"
+        )
+    return cpus
+
+
+def pin_current_thread(cpus: list[int]) -> str:
+    """Restrict the calling thread to `cpus`, and the threads it creates afterwards: llama.cpp's
+    OpenMP workers are created by the thread that first decodes and keep the affinity they were
+    born with, so pin before that thread's first decode. Returns a note saying what happened."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "this platform cannot pin threads (no sched_setaffinity): running unpinned"
+    os.sched_setaffinity(threading.get_native_id(), cpus)
+    return f"thread {threading.get_native_id()} pinned to CPUs {format_cpu_list(cpus)}"
+
+
+def thread_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[int, str]:
+    """Thread id -> the CPUs it may run on ("0-3"), for every thread of a process; {} off Linux."""
+    allowed = {}
+    for status in (proc / str(pid or os.getpid()) / "task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # the thread exited meanwhile
+            continue
+        if match := re.search(r"^Cpus_allowed_list:\s*(\S+)", text, re.MULTILINE):
+            allowed[int(status.parent.name)] = match[1]
+    return allowed

@@ -1,0 +1,130 @@
+"""Prompt-lookup drafting: propose what followed the longest recent match of the history's suffix.
+
+Free to compute, so it runs every decode round. The index maps each n-gram (n from min_ngram to
+max_ngram) to the position right after its most recent occurrence, and grows with the history
+instead of rescanning it. An n-gram is indexed only once a token follows it, so every hit has a
+continuation and the history's own suffix never matches itself.
+
+Acceptance is learned online per match length and per position in the proposal, so the engine can
+price a proposal (`expected_accepted`) against the measured cost of verifying it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Prior pseudo-counts: strong enough that one lucky round does not swing the estimate.
+PRIOR_STRENGTH = 4.0
+# Beyond this many observations the oldest weigh less, so the estimates follow a change of task
+# (copy-heavy edits accept most n-gram tokens, open generation few).
+MEMORY = 200.0
+# Positions past this share the last position's statistics: long proposals are rare.
+TRACKED_POSITIONS = 16
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # empty when nothing matched
+    ngram: int  # length of the suffix match, 0 when nothing matched
+    confidence: float  # estimated probability that the first token is accepted
+
+
+def prior_first(ngram: int) -> float:
+    """Prior P(first token accepted): near 0.5 for long matches, lower for short ones."""
+    return min(0.5, 0.1 + 0.1 * ngram)
+
+
+def prior_next(ngram: int) -> float:
+    """Prior P(token i accepted | all before it were): inside a copied span, copying goes on."""
+    return min(0.7, prior_first(ngram) + 0.2)
+
+
+class NgramDrafter:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest end
+        self._indexed = 0  # history length the index covers
+        self._last_token: int | None = None  # tokens[_indexed - 1], to notice a rewritten history
+        # Beta(accepted, rejected) counts per (match length, position in proposal).
+        self._stats = {
+            n: [
+                [PRIOR_STRENGTH * p, PRIOR_STRENGTH * (1.0 - p)]
+                for p in [prior_first(n)] + [prior_next(n)] * (TRACKED_POSITIONS - 1)
+            ]
+            for n in range(min_ngram, max_ngram + 1)
+        }
+
+    def reset(self) -> None:
+        """Forget the index (the history was cleared or rewritten); keep the learned statistics."""
+        self.index.clear()
+        self._indexed = 0
+        self._last_token = None
+
+    def update(self, tokens: Sequence[int]) -> None:
+        """Index the positions appended since the last call.
+
+        Between calls the history may grow by appending. A history that shrank, or whose last
+        indexed token changed, is re-indexed from scratch; after other in-place rewrites, reset().
+        """
+        n_tokens = len(tokens)
+        if n_tokens < self._indexed or (
+            self._indexed and int(tokens[self._indexed - 1]) != self._last_token
+        ):
+            self.reset()
+        # The n-gram ending at position `end - 1` is indexed once tokens[end] exists.
+        for end in range(max(self._indexed, 1), n_tokens):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self.index[tuple(map(int, tokens[end - n : end]))] = end
+        self._indexed = n_tokens
+        self._last_token = int(tokens[-1]) if n_tokens else None
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Proposal:
+        """Up to max_len tokens that followed the longest, then most recent, match of the suffix."""
+        self.update(tokens)
+        n_tokens = len(tokens)
+        if max_len <= 0:
+            return Proposal([], 0, 0.0)
+        for n in range(min(self.max_ngram, n_tokens), self.min_ngram - 1, -1):
+            start = self.index.get(tuple(map(int, tokens[n_tokens - n :])))
+            if start is not None:
+                continuation = [int(t) for t in tokens[start : min(start + max_len, n_tokens)]]
+                return Proposal(continuation, n, self.confidence(n))
+        return Proposal([], 0, 0.0)
+
+    def _position_stats(self, ngram: int) -> list[list[float]]:
+        return self._stats[min(max(ngram, self.min_ngram), self.max_ngram)]
+
+    def acceptance(self, ngram: int, position: int) -> float:
+        """P(token `position` is accepted | all before it were), for a match of length ngram."""
+        accepted, rejected = self._position_stats(ngram)[min(position, TRACKED_POSITIONS - 1)]
+        return accepted / (accepted + rejected)
+
+    def confidence(self, ngram: int) -> float:
+        """Estimated probability that the first token of a proposal with this match is accepted."""
+        return self.acceptance(ngram, 0)
+
+    def expected_accepted(self, ngram: int, length: int) -> float:
+        """Expected accepted tokens when verifying `length` tokens: Σ_i P(first i all accepted)."""
+        expected, all_accepted = 0.0, 1.0
+        for position in range(length):
+            all_accepted *= self.acceptance(ngram, position)
+            expected += all_accepted
+        return expected
+
+    def record(self, ngram: int, proposed: int, accepted: int) -> None:
+        """Learn from a verified proposal whose first `accepted` of `proposed` tokens were kept."""
+        if ngram <= 0 or proposed <= 0:
+            return
+        stats = self._position_stats(ngram)
+        # Positions after the first rejection were never judged on their own: no evidence there.
+        for position in range(min(accepted + 1, proposed)):
+            counts = stats[min(position, TRACKED_POSITIONS - 1)]
+            counts[0 if position < accepted else 1] += 1.0
+            total = counts[0] + counts[1]
+            if total > MEMORY:
+                counts[0] *= MEMORY / total
+                counts[1] *= MEMORY / total

@@ -1,0 +1,172 @@
+"""Cost-aware choice of what to do each round (mode "auto"): plain step, n-gram draft, model draft.
+
+On a CPU a verification pass of k tokens costs about T(k) ≈ 0.5·k single steps (edge-physics.md),
+so a proposal pays only if the tokens it is expected to yield outweigh its drafting and
+verification time. Everything here is in seconds measured on this device while generating, with
+the device profile's curve T(k)/T(1) giving the shape of the verification cost. No llama.cpp,
+no clock: the engine feeds measurements in, so the policy is testable with made-up ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
+
+
+@dataclass
+class Ema:
+    """Exponential moving average; None until the first sample."""
+
+    weight: float = 0.2
+    value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
+        return self.value
+
+
+class Calibrator:
+    """The chance the target accepts a draft token, as a function of the draft's confidence in it.
+
+    EAGLE-2 observed that draft confidence predicts acceptance well; the mapping differs per model
+    pair and task, so it is learned online in confidence bins, starting from "acceptance =
+    confidence" with the weight of a few observations.
+    """
+
+    BINS = 10
+
+    def __init__(self, prior_weight: float = 4.0):
+        self.prior_weight = prior_weight
+        self.hits = [0.0] * self.BINS
+        self.seen = [0.0] * self.BINS
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.BINS), self.BINS - 1)
+
+    def predict(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        prior = (b + 0.5) / self.BINS
+        return (self.hits[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
+
+    def record(self, confidence: float, accepted: bool) -> None:
+        b = self._bin(confidence)
+        self.hits[b] += accepted
+        self.seen[b] += 1
+
+
+@dataclass
+class Costs:
+    """Seconds of the things a round is made of, measured while generating."""
+
+    relative: Callable[[int], float]  # T(k)/T(1) of the target on this device (its profile)
+    step_s: Ema = field(default_factory=Ema)  # one plain target step
+    draft_s: Ema = field(default_factory=Ema)  # one draft model evaluation
+
+    def verify_s(self, k: int) -> float:
+        assert self.step_s.value is not None
+        return self.step_s.value * self.relative(k)
+
+
+def expected_tokens(accept_probs: Sequence[float]) -> float:
+    """Tokens a verification yields: the target's own one plus each draft token accepted, which
+    needs all before it accepted too."""
+    total, alive = 1.0, 1.0
+    for p in accept_probs:
+        alive *= p
+        total += alive
+    return total
+
+
+def chain_rate(accept_probs: Sequence[float], costs: Costs, draft_evals: int) -> float:
+    """Expected tokens per second if the drafted chain were verified now."""
+    assert costs.draft_s.value is not None
+    seconds = draft_evals * costs.draft_s.value + costs.verify_s(len(accept_probs) + 1)
+    return expected_tokens(accept_probs) / seconds
+
+
+def worth_drafting_on(
+    accept_probs: list[float], next_guess: float, costs: Costs, horizon: int = 8
+) -> bool:
+    """Whether drafting more raises the expected rate (dynamic draft length).
+
+    Looks several tokens ahead, each as likely as `next_guess`: the cost curve is not smooth (a
+    batch of 4 or 8 verifies relatively cheaply here), so one more token can look bad where
+    a few more are good.
+    """
+    k = len(accept_probs)
+    now = chain_rate(accept_probs, costs, k)
+    longer = list(accept_probs)
+    for extra in range(1, horizon + 1):
+        longer.append(next_guess)
+        if chain_rate(longer, costs, k + extra) > now:
+            return True
+    return False
+
+
+def best_ngram_length(
+    expected_accepted: Callable[[int], float], max_len: int, costs: Costs
+) -> tuple[int, float]:
+    """The proposal length with the best expected tokens per second, and that rate; length 0
+    is a plain step. n-gram drafts cost nothing to make, only to verify."""
+    best_len, best_rate = 0, 1.0 / costs.verify_s(1)
+    for length in range(1, max_len + 1):
+        rate = (1.0 + expected_accepted(length)) / costs.verify_s(length + 1)
+        if rate > best_rate:
+            best_len, best_rate = length, rate
+    return best_len, best_rate
+
+
+@dataclass
+class Arm:
+    """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached."""
+
+    name: str
+    rate: Ema = field(default_factory=lambda: Ema(weight=0.3))  # tokens per second, measured
+    probe_every: int = 8  # rounds between tries while it does not pay; doubles per failed try
+    since_try: int = 0
+
+
+class AutoPolicy:
+    """Each round: n-gram proposal if one promises more than a plain step, else the model arm
+    that has measured best if it beats plain decoding, else a plain step — with an occasional
+    probe of a losing arm, so a change of text (or of machine load) is noticed."""
+
+    MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
+
+    def __init__(self, costs: Costs, model_arms: Sequence[str] = ()):
+        self.costs = costs
+        self.arms = [Arm(name) for name in model_arms]
+
+    def plain_rate(self) -> float:
+        return 1.0 / self.costs.verify_s(1)
+
+    def choose(self, ngram_rate: float | None) -> str:
+        """ "plain", "ngram" or a model arm's name. Call once per round, after a plain step has
+        been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any."""
+        plain = self.plain_rate()
+        for arm in self.arms:
+            arm.since_try += 1
+        if ngram_rate is not None and ngram_rate > plain * MARGIN:
+            return "ngram"
+        untried = [a for a in self.arms if a.rate.value is None]
+        if untried:
+            return untried[0].name
+        best = max(self.arms, key=lambda a: a.rate.value or 0.0, default=None)
+        if best is not None and (best.rate.value or 0.0) > plain * MARGIN:
+            return best.name
+        due = [a for a in self.arms if a.since_try >= a.probe_every]
+        return due[0].name if due else "plain"
+
+    def record_arm(self, name: str, tokens: int, seconds: float) -> None:
+        arm = next(a for a in self.arms if a.name == name)
+        arm.since_try = 0
+        this_round = tokens / seconds
+        arm.rate.update(this_round)
+        # Judged on this round alone: one good probe brings the next try close, so a text that
+        # turns predictable is noticed within a few rounds; failures space the probes out.
+        if this_round > self.plain_rate() * MARGIN:
+            arm.probe_every = 8
+        else:
+            arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)

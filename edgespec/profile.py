@@ -1,0 +1,345 @@
+"""The device's cost curve: how long one target pass over k tokens takes, T(k), relative to T(1).
+
+On a CPU a verification pass is far from free (edge-physics.md): each extra token costs about half
+a decode step, and the curve has sweet spots where the kernels' row blocks fill up. How many tokens
+to draft and verify must be chosen from this device's own curve, so it is measured here, stored
+under `home()/profiles/`, and found again by model file, thread count and CPU set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .backend import Context, Model
+from .catalogue import home
+from .errors import BadSettingError
+
+FULL_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+QUICK_KS = (1, 2, 4, 8, 16)
+CONTEXT_TOKENS = 256  # a realistic KV length: attention over the prompt is part of every pass
+# Quick: a shorter prefix, because prefilling 256 tokens alone takes ~3 s for a 1.5B model on
+# 2 cores; the pass times barely depend on it at these lengths.
+QUICK_CONTEXT_TOKENS = 64
+QUICK_BUDGET_S = 4.0
+SHUFFLE_SEED = 1234
+
+# T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (edge-physics.md): a steep curve, so a
+# policy planned on it drafts cautiously until the device's own curve is measured.
+DEFAULT_RELATIVE: dict[int, float] = {
+    1: 1.00, 2: 1.64, 3: 2.20, 4: 2.63, 5: 3.32, 6: 3.94, 8: 4.56,
+    10: 5.38, 12: 5.52, 16: 5.16, 24: 8.01, 32: 9.30,
+}  # fmt: skip
+
+
+def measure_curve(
+    ctx: Context,
+    ks: Sequence[int] = FULL_KS,
+    repeats: int = 5,
+    context_tokens: int = CONTEXT_TOKENS,
+    *,
+    budget_s: float | None = None,
+) -> dict[int, float]:
+    """Median seconds of one decode pass of k tokens with logits for all k (as a verification).
+
+    Clears `ctx`, prefills `context_tokens` tokens, then times each k at the positions after that
+    prefix and removes the k tokens again, so every pass sees the same cache length. k = 1 (the
+    plain decoding step) is always measured, in the same rounds as the others. Each round times
+    every k once in a shuffled order: slow drift on a noisy machine spreads over all k instead of
+    biasing the ones measured last. With `budget_s`, rounds stop once that much time has passed
+    since the start, prefill and warm-up included (after at least one round).
+    Returns {k: seconds}, ascending in k.
+    """
+    ks = sorted(set(ks) | {1})
+    if ks[0] < 1 or repeats < 1 or context_tokens < 0:
+        raise BadSettingError("ks must be positive, repeats at least 1, context_tokens >= 0")
+    if ks[-1] > ctx.n_batch or context_tokens + ks[-1] > ctx.n_ctx:
+        raise BadSettingError(
+            f"k = {ks[-1]} after {context_tokens} context tokens does not fit the context "
+            f"(n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch})"
+        )
+    # Which tokens does not matter for the time a pass takes; any valid ids do.
+    rng = np.random.default_rng(SHUFFLE_SEED)
+    ids = rng.integers(0, ctx.model.n_vocab, size=context_tokens + ks[-1]).tolist()
+    prefix, batch = ids[:context_tokens], ids[context_tokens:]
+
+    def timed_pass(k: int) -> float:
+        start = time.perf_counter()
+        ctx.decode(batch[:k], context_tokens, logits="all")
+        elapsed = time.perf_counter() - start
+        ctx.seq_rm(0, context_tokens, -1)
+        return elapsed
+
+    started = time.perf_counter()
+    ctx.clear()
+    if prefix:
+        ctx.decode(prefix, 0, logits="none")
+    for k in ks:  # warm-up: first passes of a shape pay for graph allocation and cold caches
+        timed_pass(k)
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    order = random.Random(SHUFFLE_SEED)
+    for _ in range(repeats):
+        for k in order.sample(ks, len(ks)):
+            times[k].append(timed_pass(k))
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def relative_cost(curve: Mapping[int, float], k: float) -> float:
+    """T(k)/T(1) from a curve of {k: T(k)/T(1)} (or {k: seconds}, then in seconds).
+
+    Linear between the measured points, with T(0) = 0 (no pass). Beyond the largest measured k the
+    cost grows in proportion to k: past the kernels' sweet spots a pass is compute-bound, and the
+    slope between the last two points of a non-monotone curve can be flat or even negative.
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0 (got {k})")
+    lo_k, lo_cost = 0, 0.0
+    for hi_k, hi_cost in sorted(curve.items()):
+        if k <= hi_k:
+            return lo_cost + (hi_cost - lo_cost) * (k - lo_k) / (hi_k - lo_k)
+        lo_k, lo_cost = hi_k, hi_cost
+    return lo_cost * k / lo_k
+
+
+@dataclass
+class DeviceProfile:
+    """The measured cost curve of one model file on this device, with these threads and CPUs."""
+
+    model_file: str  # the file's name, not its path: a moved file keeps its profile
+    model_size: int
+    n_threads: int
+    cpus: str  # the CPU set the threads ran on, e.g. "0-3"
+    ks: list[int]
+    seconds: list[float]  # median seconds of one pass of ks[i] tokens
+    measured_at: str  # ISO 8601, UTC
+
+    @property
+    def step_s(self) -> float:
+        """T(1): one plain decoding step."""
+        return self.seconds[self.ks.index(1)]
+
+    @cached_property
+    def _curve(self) -> dict[int, float]:
+        return dict(zip(self.ks, self.seconds, strict=True))
+
+    def relative(self, k: float) -> float:
+        """T(k)/T(1), interpolated between measured ks and proportional beyond the last."""
+        return relative_cost(self._curve, k) / self.step_s
+
+    def cost(self, k: float) -> float:
+        """Seconds of one pass over k tokens."""
+        return self.relative(k) * self.step_s
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
+        """Rebuild a profile, or raise ValueError/TypeError/KeyError if it is not a sound one."""
+        profile = cls(
+            model_file=str(data["model_file"]),
+            model_size=int(data["model_size"]),
+            n_threads=int(data["n_threads"]),
+            cpus=str(data["cpus"]),
+            ks=[int(k) for k in data["ks"]],
+            seconds=[float(s) for s in data["seconds"]],
+            measured_at=str(data["measured_at"]),
+        )
+        ks_ok = profile.ks == sorted(set(profile.ks)) and 1 in profile.ks
+        if not ks_ok or len(profile.seconds) != len(profile.ks):
+            raise ValueError("ks must be ascending, distinct, include 1 and match seconds")
+        if not all(s > 0 for s in profile.seconds):
+            raise ValueError("every pass must take some time")
+        return profile
+
+
+# --- Where profiles live ------------------------------------------------------------------------
+
+
+def current_cpus() -> str:
+    """The CPUs this thread may run on, as a list of ranges ("0-3,6")."""
+    try:
+        return format_cpus(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity, all CPUs
+        return format_cpus(range(os.cpu_count() or 1))
+
+
+def format_cpus(cpus: Sequence[int] | set[int] | range) -> str:
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """Read a CPU list: "0-3,6" is {0, 1, 2, 3, 6}."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise BadSettingError(f"not a CPU list like 0-3,6: {text!r}") from None
+    if not cpus:
+        raise BadSettingError(f"empty CPU list: {text!r}")
+    return cpus
+
+
+def profiles_dir() -> Path:
+    return home() / "profiles"
+
+
+def profile_key(model_file: str, model_size: int, n_threads: int, cpus: str) -> str:
+    """A file-name-safe key; a changed file (new size), thread count or CPU set misses."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", model_file)
+    return f"{stem}-{model_size}-t{n_threads}-cpus{cpus.replace(',', '_')}"
+
+
+def profile_path(profile: DeviceProfile) -> Path:
+    key = profile_key(profile.model_file, profile.model_size, profile.n_threads, profile.cpus)
+    return profiles_dir() / f"{key}.json"
+
+
+def save_profile(profile: DeviceProfile) -> Path:
+    """Write the profile (atomically, replacing any older or corrupt one); return its path."""
+    path = profile_path(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", "utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_profile(
+    model_path: str | Path, n_threads: int, cpus: str | None = None
+) -> DeviceProfile | None:
+    """The saved profile of this model file, thread count and CPU set (default: this thread's
+    CPUs), or None if there is none, or it is unreadable or does not match: never an error."""
+    model_path = Path(model_path)
+    try:
+        size = model_path.stat().st_size
+    except OSError:
+        return None
+    cpus = cpus if cpus is not None else current_cpus()
+    key = profile_key(model_path.name, size, n_threads, cpus)
+    try:
+        data = json.loads((profiles_dir() / f"{key}.json").read_text("utf-8"))
+        profile = DeviceProfile.from_dict(data)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # missing or corrupt: measure again, and the next save replaces it
+    expected = (model_path.name, size, n_threads, cpus)
+    if (profile.model_file, profile.model_size, profile.n_threads, profile.cpus) != expected:
+        return None
+    return profile
+
+
+# --- Measuring ----------------------------------------------------------------------------------
+
+
+def measure_profile(
+    ctx: Context,
+    n_threads: int,
+    cpus: str | None = None,
+    ks: Sequence[int] = FULL_KS,
+    repeats: int = 5,
+    context_tokens: int = CONTEXT_TOKENS,
+    budget_s: float | None = None,
+) -> DeviceProfile:
+    """Measure the curve on `ctx` (which it clears) and label it; `n_threads` and `cpus` say how
+    `ctx` runs (a Context does not know its CPUs; default: this thread's)."""
+    curve = measure_curve(ctx, ks, repeats, context_tokens, budget_s=budget_s)
+    path = ctx.model.path
+    return DeviceProfile(
+        model_file=path.name,
+        model_size=path.stat().st_size,
+        n_threads=n_threads,
+        cpus=cpus if cpus is not None else current_cpus(),
+        ks=list(curve),
+        seconds=list(curve.values()),
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:
+    """A first-use profile: the sweet-spot ks only, 3 rounds at most, about QUICK_BUDGET_S."""
+    return measure_profile(
+        ctx,
+        n_threads,
+        cpus,
+        ks=QUICK_KS,
+        repeats=3,
+        context_tokens=QUICK_CONTEXT_TOKENS,
+        budget_s=QUICK_BUDGET_S,
+    )
+
+
+def profile_model(
+    model_path: str | Path,
+    n_threads: int,
+    cpus: str | None = None,
+    quick: bool = False,
+    n_ctx: int = 512,
+) -> DeviceProfile:
+    """Load a GGUF and measure its curve. With `cpus` ("0-1"), the measurement runs on a thread
+    pinned to those CPUs (llama.cpp's worker threads inherit its affinity); the caller's own
+    affinity is left alone."""
+    if n_threads < 1:
+        raise BadSettingError("--threads must be at least 1")
+    pinned = parse_cpus(cpus) if cpus is not None else None
+    if pinned is not None:
+        cpus = format_cpus(pinned)  # the canonical spelling, so that the key finds it again
+
+    def measure() -> DeviceProfile:
+        ctx = Context(Model(model_path), n_ctx=n_ctx, n_threads=n_threads)
+        try:
+            if quick:
+                return quick_profile(ctx, n_threads, cpus)
+            return measure_profile(ctx, n_threads, cpus)
+        finally:
+            ctx.close()
+
+    return measure() if pinned is None else _run_pinned(pinned, measure)
+
+
+T = TypeVar("T")
+
+
+def _run_pinned(cpus: set[int], work: Callable[[], T]) -> T:
+    """Run `work` on a new thread allowed only on `cpus`; return its result or raise its error."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            try:
+                os.sched_setaffinity(0, cpus)  # 0: the calling thread, not the whole process
+            except OSError as e:
+                raise BadSettingError(f"cannot run on CPUs {format_cpus(cpus)}: {e}") from None
+            outcome.append(work())
+        except BaseException as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=target, name="edgespec-profile")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]

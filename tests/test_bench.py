@@ -1,0 +1,184 @@
+"""The benchmark: every mode measured against plain decoding, on SmolLM2, small and fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from edgespec.bench import (
+    BASELINE,
+    LLAMA_MODES,
+    BenchReport,
+    available_modes,
+    load_prompts,
+    run_bench,
+)
+from edgespec.cli.bench_cmd import bench, ratio_bar
+from edgespec.errors import BadSettingError
+
+from .helpers import assert_same_or_near_tie
+
+TINY_SUITE = """
+[[prompts]]
+name = "add"
+class = "code"
+max_tokens = 16
+text = "Write a Python function that adds two numbers."
+
+[[prompts]]
+name = "sky"
+class = "chat"
+max_tokens = 16
+text = "Why is the sky blue?"
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "prompts.toml"
+    path.write_text(TINY_SUITE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def progress_steps() -> list[tuple[int, int, str]]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def report(smol_path, smol_q4_0, tiny_suite, progress_steps) -> BenchReport:
+    # One thread: the test machine is shared, and oversubscribed threads stall llama.cpp.
+    return run_bench(
+        smol_path,
+        smol_q4_0,
+        available_modes(has_draft=True),
+        load_prompts(tiny_suite),
+        repeats=1,
+        threads=1,
+        n_ctx=1024,
+        progress=lambda *step: progress_steps.append(step),
+    )
+
+
+def test_every_mode_gives_a_positive_speed_on_every_prompt(report):
+    assert report.modes == available_modes(has_draft=True)
+    assert report.modes[0] == BASELINE and set(LLAMA_MODES) <= set(report.modes)
+    for mode in report.modes:
+        for prompt in ("add", "sky"):
+            row = report.row(mode, prompt)
+            assert row.tokens_per_s > 0 and 0 < row.n_generated <= 16
+
+
+def test_the_baseline_has_ratio_one_and_the_same_text_as_itself(report):
+    for prompt in ("add", "sky"):
+        row = report.row(BASELINE, prompt)
+        assert row.ratio == 1.0 and row.same_as_target
+        assert row.acceptance is None  # plain decoding proposes nothing
+
+
+@pytest.mark.parametrize("mode", LLAMA_MODES)
+def test_llama_decodes_the_same_greedy_tokens_as_the_engine(report, plain_engine, tiny_suite, mode):
+    for prompt in load_prompts(tiny_suite):
+        prompt_tokens = plain_engine.prompt_tokens(prompt.text)
+        plain = report.row(BASELINE, prompt.name).tokens
+        other = report.row(mode, prompt.name).tokens
+        assert_same_or_near_tie(plain_engine, prompt_tokens, plain, other)
+
+
+def test_llama_is_timed_like_the_engine_one_pass_per_plain_token(report):
+    # The prefill is outside the timed span in both (a re-evaluated prompt would raise).
+    for prompt in ("add", "sky"):
+        engine_row, llama_row = report.row(BASELINE, prompt), report.row("llama", prompt)
+        assert llama_row.passes_per_token == engine_row.passes_per_token
+        assert llama_row.acceptance is None
+
+
+def test_speculative_modes_report_acceptance(report):
+    for prompt in ("add", "sky"):
+        row = report.row("chain", prompt)
+        assert row.acceptance is not None and 0 <= row.acceptance <= 1
+        assert row.passes_per_token is not None and row.passes_per_token <= 1
+
+
+def test_each_class_summarises_every_mode_over_its_prompts(report):
+    assert report.class_names == ["code", "chat"]
+    for class_name in report.class_names:
+        summaries = report.summaries(class_name)
+        assert [s.mode for s in summaries] == report.modes
+        baseline = summaries[0]
+        assert baseline.median_ratio == baseline.min_ratio == 1.0
+        assert baseline.n_same == baseline.n_prompts == 1
+
+
+def test_progress_is_reported_before_every_run_and_at_the_end(report, progress_steps):
+    n_runs = len(report.modes) * (1 + 2)  # a warm-up, then each of the two prompts once
+    assert [done for done, _, _ in progress_steps] == list(range(n_runs + 1))
+    assert {total for _, total, _ in progress_steps} == {n_runs}
+    assert progress_steps[0][2] == "warm-up target" and progress_steps[-1][2] == "done"
+
+
+def test_the_report_serialises_to_json_with_the_machine_and_settings(report):
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["machine"]["cpu"] and data["machine"]["logical_cpus"] >= 1
+    assert data["settings"]["threads"] == 1 and data["settings"]["repeats"] == 1
+    assert data["settings"]["target"]["file"].endswith(".gguf")
+    assert {p["name"] for p in data["prompts"]} == {"add", "sky"}
+    assert len(data["rows"]) == 2 * len(report.modes)
+
+
+def test_modes_needing_a_draft_are_refused_without_one(smol_path, tiny_suite):
+    with pytest.raises(BadSettingError, match="draft"):
+        run_bench(smol_path, None, ["chain"], load_prompts(tiny_suite))
+
+
+def test_an_unknown_mode_is_refused_with_the_choices(smol_path, tiny_suite):
+    with pytest.raises(BadSettingError, match=r"unknown mode 'fast'.*llama-lookup"):
+        run_bench(smol_path, None, ["fast"], load_prompts(tiny_suite))
+
+
+def test_the_shipped_suite_has_at_least_three_prompts_per_class():
+    prompts = load_prompts()
+    for class_name, budget in (("code", 192), ("edit", 256), ("chat", 128), ("summary", 128)):
+        of_class = [p for p in prompts if p.class_name == class_name]
+        assert len(of_class) >= 3
+        assert all(16 <= p.max_tokens <= budget for p in of_class)
+
+
+def test_prompts_can_be_chosen_by_class(tiny_suite):
+    assert [p.name for p in load_prompts(tiny_suite, classes=["chat"])] == ["sky"]
+    with pytest.raises(BadSettingError, match="no prompts of class poetry"):
+        load_prompts(tiny_suite, classes=["poetry"])
+
+
+def test_a_prompt_file_with_a_repeated_name_is_refused(tmp_path):
+    path = tmp_path / "twice.toml"
+    path.write_text(TINY_SUITE + TINY_SUITE)
+    with pytest.raises(BadSettingError, match="unique"):
+        load_prompts(path)
+
+
+def test_a_ratio_bar_marks_one_x_and_grows_with_the_ratio():
+    assert ratio_bar(1.0, 2.0, width=10) == "█████│    "
+    assert ratio_bar(0.5, 2.0, width=10) == "██   │    "
+    assert ratio_bar(2.0, 2.0, width=10) == "█████│████"
+
+
+def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
+    smol_path, tiny_suite, tmp_path
+):
+    app = typer.Typer()
+    app.command()(bench)
+    out = tmp_path / "bench.json"
+    args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
+    args += ["--repeats", "1", "-t", "1", "-n", "8", "-c", "1024", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for expected in ("code (1 prompt,", "chat (1 prompt,", "× plain", "llama", "│"):
+        assert expected in result.stdout
+    data = json.loads(out.read_text())
+    assert {row["mode"] for row in data["rows"]} == {"target", "llama"}
+    assert all(row["n_generated"] <= 8 for row in data["rows"])

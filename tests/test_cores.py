@@ -1,0 +1,184 @@
+"""Core detection from fake sysfs and /proc/cpuinfo trees, placement, CPU lists and real pinning."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from edgespec.cores import (
+    CoreLayout,
+    default_placement,
+    detect_cores,
+    format_cpu_list,
+    parse_cpu_list,
+    pin_current_thread,
+    thread_cpus,
+)
+from edgespec.errors import BadSettingError
+
+
+def fake_sysfs(
+    root: Path,
+    n_cpus: int,
+    capacity: list[int] | None = None,
+    max_freq: list[int] | None = None,
+    offline: tuple[int, ...] = (),
+) -> Path:
+    sysfs = root / "sys/devices/system/cpu"
+    for cpu in range(n_cpus):
+        cpu_dir = sysfs / f"cpu{cpu}"
+        cpu_dir.mkdir(parents=True)
+        if cpu:  # like the kernel: cpu0 has no "online" switch
+            (cpu_dir / "online").write_text("0\n" if cpu in offline else "1\n")
+        if capacity:
+            (cpu_dir / "cpu_capacity").write_text(f"{capacity[cpu]}\n")
+        if max_freq:
+            (cpu_dir / "cpufreq").mkdir()
+            (cpu_dir / "cpufreq/cpuinfo_max_freq").write_text(f"{max_freq[cpu]}\n")
+    online = [c for c in range(n_cpus) if c not in offline]
+    (sysfs / "online").write_text(format_cpu_list(online) + "\n")
+    return sysfs
+
+
+def fake_cpuinfo(root: Path, parts: list[str]) -> Path:
+    blocks = [
+        f"processor\t: {cpu}\nBogoMIPS\t: 48.00\nCPU implementer\t: 0x41\nCPU part\t: {part}\n"
+        for cpu, part in enumerate(parts)
+    ]
+    path = root / "cpuinfo"
+    path.write_text("\n".join(blocks) + "\nHardware\t: fake board\n")
+    return path
+
+
+EIGHT = set(range(8))
+NO_CPUINFO = Path("/nonexistent/cpuinfo")
+
+
+def test_phone_with_prime_big_and_little_tiers(tmp_path):
+    # Snapdragon-like: cpu0-3 little (A55), cpu4-6 big (A78), cpu7 prime (X1).
+    capacity = [380] * 4 + [870] * 3 + [1024]
+    layout = detect_cores(fake_sysfs(tmp_path, 8, capacity), NO_CPUINFO, allowed=EIGHT)
+    # The prime core joins the big ones: the target wants every fast core.
+    assert layout == CoreLayout([4, 5, 6, 7], [0, 1, 2, 3], uniform=False, source="cpu_capacity")
+    placement = default_placement(layout)
+    assert (placement.target_cpus, placement.draft_cpus) == ([4, 5, 6, 7], [0, 1, 2, 3])
+    assert "4-7" in placement.note and "0-3" in placement.note
+
+
+def test_cpu_capacity_wins_over_max_freq(tmp_path):
+    sysfs = fake_sysfs(tmp_path, 4, capacity=[512, 512, 1024, 1024], max_freq=[1800000] * 4)
+    layout = detect_cores(sysfs, NO_CPUINFO, allowed={0, 1, 2, 3})
+    assert (layout.big, layout.little, layout.source) == ([2, 3], [0, 1], "cpu_capacity")
+
+
+def test_raspberry_pi_with_four_equal_cores_is_uniform(tmp_path):
+    sysfs = fake_sysfs(tmp_path, 4, max_freq=[2400000] * 4)
+    layout = detect_cores(sysfs, NO_CPUINFO, allowed={0, 1, 2, 3})
+    assert layout == CoreLayout([0, 1, 2, 3], [], uniform=True, source="cpuinfo_max_freq")
+    placement = default_placement(layout)
+    assert placement.target_cpus == placement.draft_cpus == [0, 1, 2, 3]
+    assert "uniform" in placement.note
+
+
+def test_x86_vm_that_exposes_nothing_is_uniform(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nprocessor\t: 1\n")
+    layout = detect_cores(fake_sysfs(tmp_path, 2), cpuinfo, allowed={0, 1})
+    assert layout == CoreLayout([0, 1], [], uniform=True, source="none")
+
+
+def test_board_known_only_by_cpu_part(tmp_path):
+    # RK3588-like: four A55 then four A76, no capacity or frequency files.
+    cpuinfo = fake_cpuinfo(tmp_path, ["0xd05"] * 4 + ["0xd0b"] * 4)
+    layout = detect_cores(fake_sysfs(tmp_path, 8), cpuinfo, allowed=EIGHT)
+    assert layout == CoreLayout([4, 5, 6, 7], [0, 1, 2, 3], uniform=False, source="cpu part")
+
+
+def test_unknown_cpu_parts_are_not_guessed(tmp_path):
+    cpuinfo = fake_cpuinfo(tmp_path, ["0xd05", "0xd05", "0xabc", "0xabc"])
+    layout = detect_cores(fake_sysfs(tmp_path, 4), cpuinfo, allowed={0, 1, 2, 3})
+    assert (layout.uniform, layout.source) == (True, "none")
+
+
+def test_offline_cpus_are_ignored(tmp_path):
+    capacity = [380] * 4 + [1024] * 4
+    sysfs = fake_sysfs(tmp_path, 8, capacity, offline=(2, 6))
+    layout = detect_cores(sysfs, NO_CPUINFO, allowed=EIGHT)
+    assert (layout.big, layout.little) == ([4, 5, 7], [0, 1, 3])
+
+
+def test_only_allowed_cpus_are_used(tmp_path):
+    sysfs = fake_sysfs(tmp_path, 8, [380] * 4 + [1024] * 4)
+    assert detect_cores(sysfs, NO_CPUINFO, allowed={0, 1, 6, 7}).little == [0, 1]
+    # Allowed onto the big cores only: nothing slower to avoid.
+    only_big = detect_cores(sysfs, NO_CPUINFO, allowed={5, 6, 7})
+    assert only_big == CoreLayout([5, 6, 7], [], uniform=True, source="cpu_capacity")
+
+
+def test_without_any_sysfs_tree_every_allowed_cpu_counts(tmp_path):
+    layout = detect_cores(tmp_path / "missing", NO_CPUINFO, allowed={0, 1, 2})
+    assert layout == CoreLayout([0, 1, 2], [], uniform=True, source="none")
+
+
+def test_this_machine_is_detected_within_its_affinity():
+    layout = detect_cores()
+    assert set(layout.big + layout.little) <= os.sched_getaffinity(0)
+    assert layout.big
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("0-3,6", [0, 1, 2, 3, 6]), ("5", [5]), ("6,0-1", [0, 1, 6]), (" 2 - 3 ", [2, 3])],
+)
+def test_parse_cpu_list(text, cpus):
+    assert parse_cpu_list(text, available=set(range(8))) == cpus
+
+
+@pytest.mark.parametrize("text", ["", "a", "0-", "3-1", "0,,1", "1.5", "-2"])
+def test_parse_cpu_list_rejects_bad_syntax(text):
+    with pytest.raises(BadSettingError, match="bad CPU list"):
+        parse_cpu_list(text, available=set(range(8)))
+
+
+def test_parse_cpu_list_rejects_cpus_that_are_not_available():
+    with pytest.raises(BadSettingError, match=r"CPUs 4-5 are not available here \(usable: 0-3\)"):
+        parse_cpu_list("2-5", available={0, 1, 2, 3})
+
+
+def test_parse_cpu_list_defaults_to_this_process_affinity():
+    usable = sorted(os.sched_getaffinity(0))
+    assert parse_cpu_list(format_cpu_list(usable)) == usable
+    with pytest.raises(BadSettingError):
+        parse_cpu_list(str(max(usable) + 1000))
+
+
+def test_format_cpu_list_uses_kernel_notation():
+    assert format_cpu_list([6, 0, 1, 2, 3, 9, 10]) == "0-3,6,9-10"
+    assert format_cpu_list([]) == ""
+
+
+def test_a_pinned_thread_is_reported_on_its_cpus():
+    cpu = max(os.sched_getaffinity(0))
+    seen: dict[str, object] = {}
+    pinned, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        seen["note"] = pin_current_thread([cpu])
+        seen["tid"] = threading.get_native_id()
+        pinned.set()
+        release.wait(5)  # stay alive while the test reads /proc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert pinned.wait(5)
+        cpus = thread_cpus()
+        assert cpus[seen["tid"]] == str(cpu)
+        assert cpus[threading.get_native_id()] == format_cpu_list(sorted(os.sched_getaffinity(0)))
+        assert f"pinned to CPUs {cpu}" in str(seen["note"])
+    finally:
+        release.set()
+        thread.join()

@@ -1,0 +1,138 @@
+"""Token tree, n-gram and auto modes on the real SmolLM2 through llama.cpp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.backend import Context
+from edgespec.tree import TokenTree, verification_batch
+
+from .helpers import assert_same_or_near_tie, fresh_logits
+from .test_generation import PROMPTS
+
+COPY_PROMPT = (
+    "Repeat this code exactly, then stop:\n\n"
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+    "def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n    return a / b\n"
+)
+
+
+def check_greedy(plain_engine, engine, prompt: str, mode: str, n: int = 48, **kw) -> None:
+    plain = plain_engine.generate(prompt, max_tokens=n, mode="target")
+    spec = engine.generate(prompt, max_tokens=n, mode=mode, **kw)
+    assert_same_or_near_tie(
+        plain_engine, plain_engine.prompt_tokens(prompt), plain.tokens, spec.tokens
+    )
+    return spec
+
+
+@pytest.mark.parametrize("prompt", [*PROMPTS, COPY_PROMPT])
+@pytest.mark.parametrize("mode", ["tree", "ngram", "auto"])
+def test_greedy_output_equals_plain_decoding_with_a_different_draft(
+    plain_engine, q2_draft_engine, mode, prompt
+):
+    check_greedy(plain_engine, q2_draft_engine, prompt, mode)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_greedy_tree_output_equals_plain_with_the_target_as_draft(
+    plain_engine, self_draft_engine, prompt
+):
+    spec = check_greedy(plain_engine, self_draft_engine, prompt, "tree", branch_p=0.1)
+    assert spec.stats.tree.max_branches > 1  # the low threshold made real branches
+
+
+def test_ngram_and_auto_need_no_draft_model(plain_engine):
+    for mode in ("ngram", "auto"):
+        spec = check_greedy(plain_engine, plain_engine, COPY_PROMPT, mode, n=60)
+        assert spec.stats.draft_evals == 0
+
+
+def test_ngram_drafts_copy_heavy_text_well(plain_engine):
+    result = plain_engine.generate(COPY_PROMPT, max_tokens=60, mode="ngram", draft_max=8)
+    assert result.stats.accepted_tokens > 20
+    assert result.stats.target_passes < result.stats.n_generated * 0.7
+
+
+def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine):
+    """One tree pass with several branches gives every node what evaluating its root-to-node path
+    alone gives (within batch numerics): the sequence-id method really isolates branches."""
+    engine = plain_engine
+    prefix = engine.prompt_tokens("The capital of France is")
+    vocab = engine.target.n_vocab
+
+    def draft_says(*token_probs: tuple[int, float]) -> np.ndarray:
+        probs = np.zeros(vocab, dtype=np.float32)
+        for token, p in token_probs:
+            probs[token] = p
+        return probs
+
+    tree = TokenTree(prefix[-1])
+    budgets = dict(branch_p=0.3, max_branches=4, max_nodes=16)
+    tree.expand(0, draft_says((1000, 0.5), (2000, 0.4)), **budgets)  # root: 1000 | 2000
+    tree.expand(0, draft_says((1001, 0.6), (1002, 0.35)), **budgets)  # 1000: 1001 | 1002
+    tree.expand(1, draft_says((2001, 0.9)), **budgets)  # 2000: 2001
+    assert len(tree.branches) == 3 and len(tree.nodes) == 6
+
+    ctx = Context(engine.target, n_ctx=512, n_threads=2, n_seq_max=16)
+    root_pos = len(prefix) - 1
+    ctx.decode(prefix[:-1], 0, logits="none")
+    for seq in range(1, len(tree.branches)):
+        ctx.seq_cp(0, seq)
+    tokens, depths, seq_ids = verification_batch(tree)
+    rows = ctx.decode(
+        tokens, root_pos, positions=[root_pos + d for d in depths], seq_ids=seq_ids, logits="all"
+    ).copy()
+    ctx.close()
+    for node in range(len(tree.nodes)):
+        path = [tree.nodes[n].token for n in tree.path(node)]
+        alone = fresh_logits(engine, prefix[:-1] + path)
+        assert rows[node].argmax() == alone.argmax()
+        assert np.abs(rows[node] - alone).max() < 0.5, f"node {node}"
+
+
+def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(q2_draft_engine):
+    engine = q2_draft_engine
+    original = engine._round_tree
+    checked = []
+
+    def round_and_check(run, room):
+        decided = original(run, room)
+        for ctx, cached in (
+            (engine.target_ctx, run.target_cached),
+            (engine.draft_ctx, run.draft_cached),
+        ):
+            assert ctx.seq_pos_min(0) == 0 and ctx.seq_pos_max(0) == cached - 1
+            assert all(ctx.seq_pos_max(s) == -1 for s in range(1, ctx.n_seq_max))
+            # the decided tokens are appended after the round; the last of them, the new root, is
+            # in neither cache yet
+            assert cached <= len(run.tokens) + len(decided) - 1
+        checked.append(len(decided))
+        return decided
+
+    engine._round_tree = round_and_check
+    try:
+        engine.generate(PROMPTS[0], max_tokens=80, mode="tree", branch_p=0.1, max_branches=4)
+    finally:
+        del engine._round_tree
+    assert len(checked) > 10
+
+
+def test_tree_statistics_describe_the_trees(q2_draft_engine):
+    stats = q2_draft_engine.generate(PROMPTS[1], max_tokens=60, mode="tree", branch_p=0.1).stats
+    tree = stats.tree.to_dict()
+    assert tree["trees"] == sum(stats.tree.triggers.values()) == sum(tree["winner_rank_hist"])
+    assert 1 <= tree["max_branches"] <= 4
+    assert tree["alpha_min"] <= tree["alpha_median"] <= tree["alpha_max"]
+    assert stats.tree.nodes == stats.draft_tokens  # every drafted node is proposed once
+    assert tree["tree_nodes_per_verify"] == pytest.approx(
+        stats.draft_tokens / tree["trees"], abs=0.01
+    )
+
+
+def test_auto_decodes_plainly_when_the_draft_costs_as_much_as_the_target(self_draft_engine):
+    """A draft as slow as the target can never pay: auto tries it, then decodes plainly."""
+    stats = self_draft_engine.generate(PROMPTS[0], max_tokens=120, mode="auto").stats
+    drafted = stats.choices.get("chain", 0) + stats.choices.get("tree", 0)
+    assert stats.choices.get("plain", 0) > 3 * drafted

@@ -1,0 +1,153 @@
+"""Prompt-lookup drafting: what it proposes, how its index grows, and how it learns acceptance."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from edgespec.ngram import NgramDrafter, Proposal
+
+
+def reference_proposal(
+    tokens: list[int], max_len: int, max_ngram: int, min_ngram: int
+) -> tuple[list[int], int]:
+    """The definition, by brute force: the longest suffix (max_ngram..min_ngram) that occurred
+    earlier with at least one token after it; of its occurrences, the most recent."""
+    for n in range(min(max_ngram, len(tokens)), min_ngram - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for start in range(len(tokens) - 1, n - 1, -1):  # start = position after the occurrence
+            if tokens[start - n : start] == suffix:
+                return tokens[start : start + max_len], n
+    return [], 0
+
+
+def test_copy_heavy_history_proposes_the_copied_continuation():
+    source = [10, 11, 12, 13, 14, 15, 16, 17]
+    history = [1, *source, 2, 3, 10, 11, 12]  # the model started to quote `source` again
+    proposal = NgramDrafter(max_ngram=4).propose(history, max_len=4)
+    assert proposal.tokens == [13, 14, 15, 16]
+    assert proposal.ngram == 3
+
+
+def test_the_longest_match_wins_over_shorter_ones():
+    # "9" alone last continued with 50, but "8 9" continued with 60 earlier.
+    history = [8, 9, 60, 61, 0, 9, 50, 51, 0, 8, 9]
+    proposal = NgramDrafter(max_ngram=4).propose(history, max_len=2)
+    assert proposal.tokens == [60, 61]
+    assert proposal.ngram == 2
+
+
+def test_the_most_recent_occurrence_wins():
+    history = [5, 6, 70, 0, 5, 6, 80, 0, 5, 6]
+    proposal = NgramDrafter(max_ngram=3).propose(history, max_len=1)
+    assert proposal.tokens == [80]
+
+
+def test_no_match_proposes_nothing():
+    proposal = NgramDrafter().propose([1, 2, 3, 4, 5], max_len=4)
+    assert proposal == Proposal([], 0, 0.0)
+
+
+def test_min_ngram_rules_out_shorter_matches():
+    history = [7, 1, 2, 7]  # only a 1-token match exists
+    assert NgramDrafter(min_ngram=1).propose(history, max_len=3).tokens == [1, 2, 7]
+    assert NgramDrafter(min_ngram=2).propose(history, max_len=3).tokens == []
+
+
+@pytest.mark.parametrize("max_len", [0, 1, 3, 100])
+def test_max_len_is_respected_and_proposals_stay_inside_the_history(max_len):
+    history = [1, 2, 3, 4, 5, 6, 1, 2]
+    proposal = NgramDrafter().propose(history, max_len=max_len)
+    assert len(proposal.tokens) <= max_len
+    assert proposal.tokens == [3, 4, 5, 6, 1, 2][:max_len]
+
+
+def test_a_repeating_history_never_proposes_past_its_end():
+    history = [4, 5, 4, 5, 4, 5]
+    proposal = NgramDrafter().propose(history, max_len=10)
+    assert proposal.tokens == [4, 5]  # what followed "5 4 5" two tokens ago, up to the end
+
+
+def test_incremental_index_equals_a_from_scratch_scan():
+    rng = random.Random(1234)
+    history: list[int] = []
+    drafter = NgramDrafter(max_ngram=4, min_ngram=1)
+    for step in range(1500):
+        if step % 300 == 299:
+            del history[rng.randrange(len(history)) :]  # the engine truncated its history
+        history.extend(rng.randrange(6) for _ in range(rng.randint(1, 3)))
+        max_len = rng.randint(1, 8)
+        proposal = drafter.propose(history, max_len)
+        assert (proposal.tokens, proposal.ngram) == reference_proposal(history, max_len, 4, 1)
+    rebuilt = NgramDrafter(max_ngram=4, min_ngram=1)
+    rebuilt.update(history)
+    assert drafter.index == rebuilt.index
+
+
+def test_a_history_replaced_by_another_of_equal_length_is_reindexed():
+    drafter = NgramDrafter()
+    drafter.update([1, 2, 3, 9])
+    assert drafter.propose([1, 2, 3, 7, 1, 2], max_len=1).tokens == [3]
+    assert drafter.propose([4, 5, 6, 8, 4, 5], max_len=1).tokens == [6]
+
+
+def test_reset_forgets_the_history_but_not_what_was_learned():
+    drafter = NgramDrafter()
+    drafter.update([1, 2, 1])
+    for _ in range(20):
+        drafter.record(ngram=2, proposed=4, accepted=4)
+    learned = drafter.confidence(2)
+    drafter.reset()
+    assert drafter.propose([1], max_len=2).tokens == []
+    assert drafter.confidence(2) == learned
+
+
+def test_priors_trust_long_matches_more_than_short_ones():
+    drafter = NgramDrafter(max_ngram=4, min_ngram=1)
+    confidences = [drafter.confidence(n) for n in (1, 2, 3, 4)]
+    assert confidences == sorted(confidences)
+    assert 0.4 <= confidences[-1] <= 0.6
+    assert confidences[0] < 0.4
+
+
+def test_confidence_and_expected_accepted_rise_after_good_rounds_and_fall_after_bad():
+    good, bad = NgramDrafter(), NgramDrafter()
+    before = (good.confidence(3), good.expected_accepted(3, 6))
+    for _ in range(30):
+        good.record(ngram=3, proposed=6, accepted=6)
+        bad.record(ngram=3, proposed=6, accepted=0)
+    assert good.confidence(3) > before[0] > bad.confidence(3)
+    assert good.expected_accepted(3, 6) > before[1] > bad.expected_accepted(3, 6)
+    assert good.expected_accepted(3, 6) > 4.0
+    assert bad.expected_accepted(3, 6) < 0.5
+    # Other match lengths keep their own statistics.
+    assert NgramDrafter().confidence(2) == good.confidence(2) == bad.confidence(2)
+
+
+def test_a_rejection_teaches_nothing_about_the_positions_after_it():
+    drafter = NgramDrafter()
+    fresh = NgramDrafter()
+    for _ in range(30):
+        drafter.record(ngram=4, proposed=8, accepted=2)  # positions 0, 1 accepted, 2 rejected
+    assert drafter.acceptance(4, 0) > fresh.acceptance(4, 0)
+    assert drafter.acceptance(4, 2) < fresh.acceptance(4, 2)
+    assert drafter.acceptance(4, 3) == fresh.acceptance(4, 3)
+
+
+def test_expected_accepted_is_the_sum_of_all_accepted_so_far_probabilities():
+    drafter = NgramDrafter()
+    p = [drafter.acceptance(4, i) for i in range(3)]
+    expected = p[0] + p[0] * p[1] + p[0] * p[1] * p[2]
+    assert drafter.expected_accepted(4, 3) == pytest.approx(expected)
+    assert drafter.expected_accepted(4, 0) == 0.0
+    assert drafter.expected_accepted(4, 3) < drafter.expected_accepted(4, 4)
+
+
+def test_a_proposal_carries_the_confidence_of_its_match_length():
+    drafter = NgramDrafter()
+    for _ in range(10):
+        drafter.record(ngram=2, proposed=3, accepted=3)
+    proposal = drafter.propose([3, 4, 5, 0, 3, 4], max_len=2)
+    assert proposal.ngram == 2
+    assert proposal.confidence == drafter.confidence(2)

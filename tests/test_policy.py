@@ -1,0 +1,130 @@
+"""The cost-aware policy of mode "auto", with made-up costs and acceptance (no model, no clock)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from edgespec.policy import (
+    AutoPolicy,
+    Calibrator,
+    Costs,
+    Ema,
+    best_ngram_length,
+    chain_rate,
+    expected_tokens,
+    worth_drafting_on,
+)
+
+# A CPU like this one: verifying k tokens costs about half a step per extra token.
+CPU_CURVE = {1: 1.0, 2: 1.64, 3: 2.2, 4: 2.63, 5: 3.32, 6: 3.94, 8: 4.56, 16: 5.16}
+
+
+def relative(k: int) -> float:
+    from edgespec.profile import relative_cost
+
+    return relative_cost(CPU_CURVE, k)
+
+
+def costs(step_s: float = 0.03, draft_s: float | None = 0.01) -> Costs:
+    c = Costs(relative)
+    c.step_s.update(step_s)
+    if draft_s is not None:
+        c.draft_s.update(draft_s)
+    return c
+
+
+def test_an_ema_starts_at_its_first_sample_and_moves_towards_new_ones():
+    ema = Ema(weight=0.5)
+    assert ema.update(10) == 10
+    assert ema.update(20) == 15
+
+
+def test_expected_tokens_counts_the_target_token_and_each_accepted_prefix():
+    assert expected_tokens([]) == 1
+    assert expected_tokens([1.0, 1.0]) == 3
+    assert expected_tokens([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_the_calibrator_starts_at_confidence_and_learns_the_real_acceptance():
+    cal = Calibrator()
+    assert cal.predict(0.95) == pytest.approx(0.95)
+    for _ in range(200):
+        cal.record(0.95, accepted=False)  # an overconfident draft
+    assert cal.predict(0.95) < 0.1
+    assert cal.predict(0.25) == pytest.approx(0.25)  # other bins are untouched
+
+
+def test_drafting_goes_on_while_a_cheap_draft_is_likely_right():
+    c = costs(step_s=0.03, draft_s=0.005)
+    assert worth_drafting_on([0.95], 0.95, c)
+    assert worth_drafting_on([0.95, 0.95, 0.95], 0.95, c)
+
+
+def test_drafting_stops_when_the_next_token_is_unlikely_to_be_accepted():
+    c = costs(step_s=0.03, draft_s=0.005)
+    assert not worth_drafting_on([0.9, 0.9], 0.05, c)
+
+
+def test_a_draft_as_slow_as_the_target_never_beats_plain_decoding():
+    c = costs(step_s=0.03, draft_s=0.03)
+    plain_rate = 1 / c.verify_s(1)
+    for k in range(1, 9):
+        assert chain_rate([1.0] * k, c, k) < plain_rate
+
+
+def test_ngram_length_zero_when_proposals_are_rarely_right():
+    length, rate = best_ngram_length(lambda n: 0.05 * n, 8, costs())
+    assert length == 0 and rate == pytest.approx(1 / 0.03)
+
+
+def test_ngram_length_grows_with_expected_acceptance_and_uses_the_curve():
+    length, rate = best_ngram_length(lambda n: 0.95 * n, 15, costs())
+    assert length >= 7 and rate > 2 / 0.03  # a long, mostly right copy: more than 2x plain
+
+
+def test_auto_takes_an_ngram_proposal_only_when_it_promises_more_than_a_plain_step():
+    policy = AutoPolicy(costs())
+    plain = policy.plain_rate()
+    assert policy.choose(ngram_rate=plain * 1.5) == "ngram"
+    assert policy.choose(ngram_rate=plain * 1.01) == "plain"
+    assert policy.choose(ngram_rate=None) == "plain"
+
+
+def test_auto_tries_each_model_arm_then_keeps_the_one_that_pays():
+    policy = AutoPolicy(costs(step_s=0.03), ["chain", "tree"])
+    assert policy.choose(None) == "chain"
+    policy.record_arm("chain", tokens=3, seconds=0.05)  # 60 tok/s vs 33 plain
+    assert policy.choose(None) == "tree"
+    policy.record_arm("tree", tokens=2, seconds=0.08)  # 25 tok/s: loses
+    assert [policy.choose(None) for _ in range(5)] == ["chain"] * 5
+
+
+def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_loses():
+    policy = AutoPolicy(costs(step_s=0.03), ["chain"])
+    probes = []
+    for round_ in range(400):
+        choice = policy.choose(None)
+        if choice == "chain":
+            probes.append(round_)
+            policy.record_arm("chain", tokens=1, seconds=0.06)  # half the plain rate
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert probes[0] == 0 and len(probes) < 10  # a handful of probes in 400 rounds
+    assert gaps == sorted(gaps)  # spaced out more and more
+    assert max(gaps) <= AutoPolicy.MAX_PROBE_EVERY
+
+
+def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
+    policy = AutoPolicy(costs(step_s=0.03), ["chain"])
+    for _ in range(100):  # a long stretch where drafting loses
+        if policy.choose(None) == "chain":
+            policy.record_arm("chain", tokens=1, seconds=0.06)
+    rounds = 0
+    while policy.choose(None) != "chain":
+        rounds += 1
+    policy.record_arm("chain", tokens=5, seconds=0.05)  # the text became predictable
+    chosen = [policy.choose(None) for _ in range(20)]
+    chosen_chain = [c for c in chosen if c == "chain"]
+    assert chosen_chain  # tried again within the next 20 rounds
+    assert rounds <= AutoPolicy.MAX_PROBE_EVERY

@@ -1,0 +1,216 @@
+"""The device cost curve: measured on SmolLM2, stored per model/threads/CPUs, interpolated.
+
+Timing assertions state physics that holds on any machine however loaded (32 tokens cost more
+than 1), never a tight bound.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from edgespec.backend import Context, Model
+from edgespec.cli.profile_cmd import profile
+from edgespec.errors import BadSettingError
+from edgespec.profile import (
+    DEFAULT_RELATIVE,
+    QUICK_KS,
+    DeviceProfile,
+    format_cpus,
+    load_profile,
+    measure_curve,
+    parse_cpus,
+    profile_model,
+    profiles_dir,
+    quick_profile,
+    relative_cost,
+    save_profile,
+)
+
+PREFIX = 64
+
+
+@pytest.fixture(scope="module")
+def smol_ctx(smol_path: Path) -> Context:
+    return Context(Model(smol_path), n_ctx=512, n_threads=2)
+
+
+@pytest.fixture
+def home(smol_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # smol_path first: the session fixture must find the model before EDGESPEC_HOME moves.
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def a_profile(model: Path, **changes: object) -> DeviceProfile:
+    fields: dict[str, object] = dict(
+        model_file=model.name,
+        model_size=model.stat().st_size,
+        n_threads=2,
+        cpus="0-1",
+        ks=[1, 2, 4, 8],
+        seconds=[0.010, 0.016, 0.020, 0.040],
+        measured_at="2025-01-01T00:00:00+00:00",
+    )
+    fields.update(changes)
+    return DeviceProfile(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "some-model.gguf"
+    path.write_bytes(b"GGUF" + bytes(100))  # only its name and size make the key
+    return path
+
+
+# --- Measuring on a real model ------------------------------------------------------------------
+
+
+def test_measure_curve_times_every_k_and_leaves_the_cache_at_the_prefix(smol_ctx):
+    curve = measure_curve(smol_ctx, ks=(1, 4, 16, 32), repeats=3, context_tokens=PREFIX)
+    assert list(curve) == [1, 4, 16, 32]
+    assert all(seconds > 0 for seconds in curve.values())
+    assert smol_ctx.seq_pos_max(0) == PREFIX - 1
+
+
+def test_a_pass_over_32_tokens_costs_more_than_a_step(smol_ctx):
+    curve = measure_curve(smol_ctx, ks=(1, 32), repeats=3, context_tokens=PREFIX)
+    assert curve[32] > curve[1]
+
+
+def test_the_step_k_1_is_measured_even_when_not_asked_for(smol_ctx):
+    curve = measure_curve(smol_ctx, ks=(8, 2), repeats=1, context_tokens=PREFIX)
+    assert list(curve) == [1, 2, 8]
+
+
+def test_a_batch_that_does_not_fit_the_context_is_refused_before_measuring(smol_ctx):
+    with pytest.raises(BadSettingError, match="does not fit"):
+        measure_curve(smol_ctx, ks=(1, 64), context_tokens=smol_ctx.n_ctx - 32)
+
+
+def test_quick_profile_measures_the_sweet_spots_and_labels_the_model(smol_ctx, smol_path):
+    p = quick_profile(smol_ctx, n_threads=2)
+    assert p.ks == list(QUICK_KS)
+    assert (p.model_file, p.model_size) == (smol_path.name, smol_path.stat().st_size)
+    assert p.n_threads == 2 and p.step_s > 0 and p.relative(1) == pytest.approx(1.0)
+
+
+def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
+    p = profile_model(smol_path, n_threads=1, cpus="0", quick=True)
+    assert p.cpus == "0" and p.n_threads == 1 and p.ks == list(QUICK_KS)
+
+
+# --- The curve between and beyond measured points -----------------------------------------------
+
+
+def test_relative_is_exact_at_measured_ks_and_linear_between(model_file):
+    p = a_profile(model_file)  # T = 10, 16, 20, 40 ms at k = 1, 2, 4, 8
+    assert p.step_s == 0.010
+    assert [p.relative(k) for k in (1, 2, 4, 8)] == pytest.approx([1.0, 1.6, 2.0, 4.0])
+    assert p.relative(3) == pytest.approx(1.8)
+    assert p.relative(6) == pytest.approx(3.0)
+    assert p.cost(6) == pytest.approx(0.030)
+
+
+def test_relative_grows_in_proportion_to_k_beyond_the_last_measured_k(model_file):
+    p = a_profile(model_file, ks=[1, 8, 16], seconds=[0.010, 0.050, 0.045])  # non-monotone end
+    assert p.relative(32) == pytest.approx(9.0)  # 4.5 at 16, doubled: never falls with k
+
+
+def test_nothing_costs_nothing_and_negative_sizes_are_refused():
+    assert relative_cost(DEFAULT_RELATIVE, 0) == 0.0
+    with pytest.raises(ValueError):
+        relative_cost(DEFAULT_RELATIVE, -1)
+
+
+def test_the_default_curve_is_the_steep_q4_k_m_one_from_1_to_32():
+    assert relative_cost(DEFAULT_RELATIVE, 1) == 1.0
+    assert relative_cost(DEFAULT_RELATIVE, 4) == pytest.approx(2.63)
+    assert relative_cost(DEFAULT_RELATIVE, 20) == pytest.approx((5.16 + 8.01) / 2)
+    assert relative_cost(DEFAULT_RELATIVE, 32) == pytest.approx(9.30)
+
+
+# --- Stored profiles ----------------------------------------------------------------------------
+
+
+def test_a_saved_profile_is_found_again_by_model_file_threads_and_cpus(home, model_file):
+    saved = a_profile(model_file)
+    path = save_profile(saved)
+    assert path.parent == profiles_dir() and path.is_relative_to(home)
+    assert load_profile(model_file, n_threads=2, cpus="0-1") == saved
+
+
+def test_another_thread_count_cpu_set_or_file_size_finds_no_profile(home, model_file):
+    save_profile(a_profile(model_file))
+    assert load_profile(model_file, n_threads=1, cpus="0-1") is None
+    assert load_profile(model_file, n_threads=2, cpus="0") is None
+    model_file.write_bytes(b"GGUF" + bytes(200))  # the file was replaced
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+
+
+def test_no_profile_for_a_missing_model_file(home, tmp_path):
+    assert load_profile(tmp_path / "gone.gguf", n_threads=2) is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[]", '{"model_file": "x"}', "", '{"ks": [2], "seconds": [0.1]}'],
+)
+def test_a_corrupt_profile_loads_as_none_and_the_next_save_replaces_it(home, model_file, content):
+    path = save_profile(a_profile(model_file))
+    path.write_text(content)
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+    save_profile(a_profile(model_file))
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is not None
+
+
+def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_file):
+    for bad in (a_profile(model_file, ks=[2, 4], seconds=[0.1, 0.2]),
+                a_profile(model_file, seconds=[0.0, 0.1, 0.2, 0.3])):  # fmt: skip
+        save_profile(bad)
+        assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+
+
+def test_cpu_sets_read_and_print_as_ranges():
+    assert parse_cpus("0-3,6") == {0, 1, 2, 3, 6}
+    assert format_cpus({6, 0, 1, 2, 3}) == "0-3,6"
+    assert format_cpus(parse_cpus("2")) == "2"
+    with pytest.raises(BadSettingError):
+        parse_cpus("big cores")
+
+
+# --- The command --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runner_app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(profile)
+    app.command("other")(lambda: None)  # two commands: `profile` stays a subcommand
+    return app
+
+
+def test_profile_quick_json_reports_the_curve_and_saves_it(home, runner_app, smol_path):
+    result = CliRunner().invoke(
+        runner_app, ["profile", "-m", str(smol_path), "-t", "2", "--quick", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [row["k"] for row in report["rows"]] == list(QUICK_KS)
+    assert report["rows"][0]["relative"] == pytest.approx(1.0)
+    assert all(
+        row["ceiling"] == pytest.approx(row["k"] / row["relative"]) for row in report["rows"]
+    )
+    assert report["draft"] is None and report["draft_cost"] is None
+    assert load_profile(smol_path, n_threads=2) is not None
+
+
+def test_profile_with_a_draft_reports_its_cost_in_target_steps(home, runner_app, smol_path):
+    args = ["profile", "-m", str(smol_path), "--draft", str(smol_path), "-t", "2", "--quick"]
+    result = CliRunner().invoke(runner_app, args)
+    assert result.exit_code == 0, result.output
+    assert "T(k)/T(1)" in result.stdout and "c_d =" in result.stdout

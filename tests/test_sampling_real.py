@@ -1,0 +1,96 @@
+"""Speculative sampling on the real SmolLM2 keeps the target's distribution.
+
+The first two tokens of many seeded generations, through `generate`, are checked against the
+target's exact distribution (computed from its logits) by a chi-square test, for plain sampling and
+for chain and tree speculation with a genuinely different draft (the Q2_K requantization).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from edgespec.sampling import SamplingParams, probs_from_logits
+
+from .helpers import fresh_logits
+from .test_sampling import chi_square_critical
+
+PROMPT = "My favourite food is"  # a spread-out first token: 15-24 cells to compare
+N = 600  # generations per mode and setting
+SETTINGS = {
+    "temp 1": dict(temperature=1.0),
+    "temp 0.8, top-k 20, top-p 0.9": dict(temperature=0.8, top_k=20, top_p=0.9),
+}
+
+
+def exact_joint(engine, prompt: list[int], params: SamplingParams, min_count: float):
+    """P(t1, t2) for the first tokens likely enough to matter; the rest is one pooled cell."""
+    p1 = probs_from_logits(fresh_logits(engine, prompt), params)
+    joint: dict[tuple[int, int], float] = {}
+    for t1 in np.flatnonzero(p1 * N >= min_count):
+        p2 = probs_from_logits(fresh_logits(engine, [*prompt, int(t1)]), params)
+        for t2 in np.flatnonzero(p1[t1] * p2 * N >= min_count):
+            joint[(int(t1), int(t2))] = float(p1[t1] * p2[t2])
+    return p1, joint
+
+
+def chi_square_passes(observed: Counter, expected: dict, n: int) -> tuple[bool, float, float]:
+    """Pearson's test at level 0.001 over the given cells plus one cell pooling all others."""
+    cells = list(expected)
+    obs = np.array(
+        [observed.get(c, 0) for c in cells] + [n - sum(observed.get(c, 0) for c in cells)]
+    )
+    exp = np.array([expected[c] * n for c in cells] + [n * (1 - sum(expected.values()))])
+    keep = exp > 0
+    assert keep.sum() >= 4, "too few cells: the test would say nothing"
+    statistic = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    critical = chi_square_critical(int(keep.sum()) - 1)
+    return statistic < critical and not obs[~keep].any(), statistic, critical
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("mode", ["target", "chain", "tree"])
+def test_first_two_tokens_follow_the_target_distribution(q2_draft_engine, mode, setting):
+    engine = q2_draft_engine
+    params = SamplingParams(**SETTINGS[setting])
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    p1, joint = exact_joint(engine, prompt, params, min_count=5)
+    firsts, pairs = Counter(), Counter()
+    for seed in range(N):
+        tokens = engine.generate(
+            prompt, max_tokens=2, mode=mode, seed=seed, **SETTINGS[setting]
+        ).tokens
+        firsts[tokens[0]] += 1
+        pairs[tuple(tokens[:2])] += 1
+
+    first_cells = {int(t): float(p1[t]) for t in np.flatnonzero(p1 * N >= 5)}
+    ok, stat, crit = chi_square_passes(firsts, first_cells, N)
+    assert ok, f"first token: chi-square {stat:.1f} >= {crit:.1f}"
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
+def test_the_check_catches_a_wrong_distribution(q2_draft_engine):
+    """Samples at temperature 0.8 tested against the temperature-1 distribution must fail."""
+    engine = q2_draft_engine
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    p1 = probs_from_logits(fresh_logits(engine, prompt), SamplingParams(temperature=1.0))
+    firsts = Counter(
+        engine.generate(prompt, max_tokens=1, mode="target", seed=s, temperature=0.6).tokens[0]
+        for s in range(N)
+    )
+    cells = {int(t): float(p1[t]) for t in np.flatnonzero(p1 * N >= 5)}
+    assert not chi_square_passes(firsts, cells, N)[0]
+
+
+@pytest.mark.parametrize("mode", ["target", "chain", "tree"])
+def test_a_seed_makes_sampling_reproducible_and_another_seed_differs(q2_draft_engine, mode):
+    def text(seed: int) -> str:
+        return q2_draft_engine.generate(
+            "Tell me a story.", max_tokens=30, mode=mode, temperature=0.9, seed=seed
+        ).text
+
+    assert text(1) == text(1)
+    assert text(1) != text(2)

@@ -1,0 +1,260 @@
+"""The shell scripts: lint-clean, safe to try with --dry-run on any machine, and honest on failure.
+
+The setup scripts are meant for a phone (Termux) and a Raspberry Pi; here they run with --dry-run,
+which shows each step and changes nothing, and with `uname -m` overridden to play a 32-bit board.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SETUP_SCRIPTS = ("termux-setup.sh", "rpi-setup.sh")
+ASK = "edgespec-ask.sh"
+BASH = shutil.which("bash") or "/bin/bash"
+
+ANSWER = "A palindrome reads the same both ways."
+STATS = {"n_generated": 2, "tokens_per_s": 35.5, "draft_tokens": 4, "acceptance_rate": 0.9}
+FAKE_RESULT = json.dumps({"text": ANSWER, "tokens": [1, 2], "stats": {**STATS, "mode": "chain"}})
+# A stand-in for edgespec: records its arguments and stdin, then prints FAKE_RESULT, or fails like
+# edgespec does when FAKE_EXIT is set. Only shell builtins, so that it runs with a bare PATH.
+FAKE_EDGESPEC = f"""#!/bin/sh
+printf '%s\\n' "$*" > "$FAKE_DIR/args"
+while IFS= read -r line; do printf '%s\\n' "$line" >> "$FAKE_DIR/stdin"; done
+if [ -n "${{FAKE_EXIT:-}}" ]; then
+    printf 'error: model file not found: nope.gguf\\n' >&2
+    exit "$FAKE_EXIT"
+fi
+printf '%s\\n' '{FAKE_RESULT}'
+"""
+
+
+def run_script(
+    script: str, *args: str, env: dict[str, str], stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Runs scripts/<script> with exactly `env`; stdin is a pipe, never the terminal."""
+    return subprocess.run(
+        [BASH, str(SCRIPTS / script), *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def files_under(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+@pytest.fixture
+def sandbox(tmp_path) -> dict[str, str]:
+    """An environment whose HOME, virtual environment and edgespec home are fresh and empty, on
+    this machine's own architecture (a Pi script only warns on x86_64), with 8 GiB of memory."""
+    (tmp_path / "home").mkdir()
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "EDGESPEC_VENV": str(tmp_path / "venv"),
+        "EDGESPEC_HOME": str(tmp_path / "edgespec"),
+        "EDGESPEC_MEM_MIB": "8192",
+    }
+
+
+# shellcheck
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None,
+    reason="shellcheck is not installed (Debian: apt-get install shellcheck)",
+)
+@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, ASK])
+def test_each_script_passes_shellcheck(script):
+    checked = subprocess.run(
+        ["shellcheck", str(SCRIPTS / script)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, ASK])
+def test_each_script_is_executable(script):
+    assert os.access(SCRIPTS / script, os.X_OK)
+
+
+# setup scripts
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+def test_a_dry_run_shows_every_step_and_changes_nothing(script, sandbox, tmp_path):
+    before = files_under(tmp_path)
+
+    done = run_script(script, "--dry-run", env=sandbox)
+
+    assert done.returncode == 0, done.stderr
+    steps = done.stdout
+    venv = sandbox["EDGESPEC_VENV"]
+    assert "would run: python3 -m venv" in steps
+    assert "-DGGML_NATIVE=ON" in steps
+    assert f"{venv}/bin/python -m pip install llama-cpp-python==" in steps
+    assert f"{venv}/bin/python -m pip install -e {SCRIPTS.parent}" in steps
+    assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-1.5b" in steps
+    assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-0.5b" in steps
+    assert "profile --quick -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in steps
+    assert files_under(tmp_path) == before
+
+
+def test_dry_run_is_also_asked_for_by_the_environment(sandbox):
+    done = run_script("rpi-setup.sh", env={**sandbox, "DRY_RUN": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "would run:" in done.stdout
+
+
+def test_the_termux_build_turns_openmp_off(sandbox):
+    done = run_script("termux-setup.sh", "--dry-run", env=sandbox)
+    assert "-DGGML_OPENMP=OFF" in done.stdout
+    assert "--system-site-packages" in done.stdout  # for Termux's prebuilt numpy
+
+
+def test_the_termux_script_refuses_to_really_run_outside_termux(sandbox):
+    done = run_script("termux-setup.sh", env={**sandbox, "PREFIX": "/usr"})
+    assert done.returncode != 0
+    assert "this script is for Termux" in done.stderr
+    assert "would run" not in done.stdout
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+@pytest.mark.parametrize("machine", ["armv7l", "armv6l", "armv8l"])
+def test_a_32_bit_machine_is_refused_with_the_reason(script, machine, sandbox):
+    # --dry-run as well: were the check broken, nothing would be installed on this machine
+    done = run_script(script, "--dry-run", env={**sandbox, "EDGESPEC_UNAME_M": machine})
+    assert done.returncode == 1
+    assert f"32-bit system ({machine})" in done.stderr
+    assert "64-bit" in done.stderr
+    assert "would run" not in done.stdout
+
+
+def test_the_pi_script_refuses_32_bit_raspberry_pi_os_on_a_64_bit_kernel(sandbox):
+    board = {**sandbox, "EDGESPEC_UNAME_M": "aarch64", "EDGESPEC_LONG_BIT": "32"}
+    done = run_script("rpi-setup.sh", "--dry-run", env=board)
+    assert done.returncode == 1
+    assert "the kernel is 64-bit (aarch64) but the system is 32-bit" in done.stderr
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+def test_with_little_memory_only_the_small_model_is_fetched(script, sandbox):
+    done = run_script(script, "--dry-run", env={**sandbox, "EDGESPEC_MEM_MIB": "1900"})
+    assert done.returncode == 0, done.stderr
+    assert "models fetch qwen2.5-coder-0.5b" in done.stdout
+    assert "models fetch qwen2.5-coder-1.5b" not in done.stdout
+    assert "profile --quick -m qwen2.5-coder-0.5b\n" in done.stdout
+
+
+def test_a_target_chosen_alone_has_no_draft_as_in_edgespec_run(sandbox):
+    done = run_script("rpi-setup.sh", "--dry-run", "--target", "smollm2-135m", env=sandbox)
+    assert done.returncode == 0, done.stderr
+    assert "models fetch smollm2-135m" in done.stdout
+    assert "models fetch qwen" not in done.stdout
+    assert "profile --quick -m smollm2-135m\n" in done.stdout
+
+
+def test_a_draft_can_be_chosen_too(sandbox):
+    pair = ("--target", "qwen2.5-coder-1.5b", "--draft", "qwen2.5-coder-0.5b")
+    done = run_script("termux-setup.sh", "--dry-run", *pair, env=sandbox)
+    assert done.returncode == 0, done.stderr
+    assert "profile --quick -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in done.stdout
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a venv")
+def test_steps_already_done_are_skipped(sandbox, tmp_path):
+    # This test's own virtual environment has llama-cpp-python and edgespec from this checkout.
+    sandbox["EDGESPEC_VENV"] = sys.prefix
+    done = run_script("rpi-setup.sh", "--dry-run", env=sandbox)
+    assert done.returncode == 0, done.stderr
+    assert "already done: llama-cpp-python" in done.stdout
+    assert "already done: edgespec is installed from this checkout" in done.stdout
+    assert "pip install" not in done.stdout
+    # EDGESPEC_HOME is empty: the models are still to fetch
+    assert "models fetch qwen2.5-coder-1.5b" in done.stdout
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+def test_an_unknown_option_is_a_usage_error(script, sandbox):
+    done = run_script(script, "--fast", env=sandbox)
+    assert done.returncode == 2
+    assert "unknown option --fast" in done.stderr and "Usage:" in done.stderr
+
+
+# edgespec-ask.sh
+
+
+@pytest.fixture
+def fake(tmp_path) -> dict[str, str]:
+    """An environment where `edgespec` is FAKE_EDGESPEC, first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "edgespec").write_text(FAKE_EDGESPEC)
+    (bin_dir / "edgespec").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path)}
+
+
+def test_ask_prints_the_answer_and_a_line_of_statistics(fake, tmp_path):
+    done = run_script(ASK, "-n", "32", "What", "is", "a", "palindrome?", env=fake)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ANSWER + "\n"
+    assert done.stderr == "2 tokens, 35.5 tok/s, mode chain, acceptance 90%\n"
+    assert (tmp_path / "args").read_text() == "run --json -n 32 -\n"
+    assert (tmp_path / "stdin").read_text() == "What is a palindrome?\n"
+
+
+def test_ask_reads_the_question_from_stdin(fake, tmp_path):
+    done = run_script(ASK, env=fake, stdin="Why is the sky blue?\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ANSWER + "\n"
+    assert (tmp_path / "args").read_text() == "run --json -n 256 -\n"
+    assert (tmp_path / "stdin").read_text() == "Why is the sky blue?\n"
+
+
+@pytest.mark.parametrize("exit_code", [1, 2])
+def test_ask_passes_on_edgespecs_error_line_and_exit_code(fake, exit_code):
+    done = run_script(ASK, "hello", env={**fake, "FAKE_EXIT": str(exit_code)})
+    assert done.returncode == exit_code
+    assert done.stdout == ""
+    assert done.stderr == "error: model file not found: nope.gguf\n"
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
+def test_ask_reads_the_json_with_jq_when_there_is_no_python3(fake, tmp_path):
+    # A PATH of the fake edgespec and jq alone: the script needs nothing else.
+    (tmp_path / "bin" / "jq").symlink_to(shutil.which("jq"))
+    done = run_script(ASK, "hello", env={**fake, "PATH": str(tmp_path / "bin")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ANSWER + "\n"
+    assert done.stderr == "2 tokens, 35.5 tok/s, mode chain, acceptance 90%\n"
+
+
+def test_ask_without_edgespec_says_so(tmp_path):
+    done = run_script(ASK, "hello", env={"PATH": str(tmp_path)})
+    assert done.returncode == 127
+    assert done.stderr.startswith("edgespec-ask: edgespec not found")
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["-n", "many", "hello"], "", "-n needs a whole number of tokens, got 'many'"),
+        ([], "  \n", "the question is empty"),
+        (["--loud", "hello"], "", "unknown option --loud"),
+    ],
+)
+def test_ask_usage_errors_exit_2(fake, args, stdin, message):
+    done = run_script(ASK, *args, env=fake, stdin=stdin)
+    assert done.returncode == 2
+    assert message in done.stderr
