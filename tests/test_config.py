@@ -116,7 +116,11 @@ def test_resolve_refuses_a_flag_that_is_not_a_setting():
         ("EDGESPEC_TEMP", "hot", "EDGESPEC_TEMP must be a number (got 'hot')"),
         ("EDGESPEC_TEMP", "nan", "EDGESPEC_TEMP must be a finite number (got 'nan')"),
         ("EDGESPEC_MAX_TOKENS", "12.5", "EDGESPEC_MAX_TOKENS must be a whole number (got '12.5')"),
-        ("EDGESPEC_MODE", "fast", "EDGESPEC_MODE must be one of target, chain, tree (got 'fast')"),
+        (
+            "EDGESPEC_MODE",
+            "fast",
+            "EDGESPEC_MODE must be one of target, chain, tree, ngram, auto (got 'fast')",
+        ),
     ],
 )
 def test_a_bad_environment_value_names_the_variable(monkeypatch, variable, text, message):
@@ -139,7 +143,7 @@ def test_a_bad_environment_value_is_reported_even_when_a_flag_overrides_it(monke
         ("temp = inf", "temp must be a finite number (got inf)"),
         ("target = 3", "target must be a string (got 3)"),
         ("seed = [1, 2]", "seed must be a whole number (got an array)"),
-        ('mode = "fast"', 'mode must be one of target, chain, tree (got "fast")'),
+        ('mode = "fast"', 'mode must be one of target, chain, tree, ngram, auto (got "fast")'),
     ],
 )
 def test_a_bad_file_value_names_the_file_and_its_line(home, line, message):
