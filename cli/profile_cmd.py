@@ -59,6 +59,8 @@ def profile(
     target_profile, target_saved = measure(target_path)
     draft_profile, draft_saved = measure(draft_path) if draft_path else (None, None)
     draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
+    # A draft that is the target file was saved to the same path: list it once.
+    saved = list(dict.fromkeys(p for p in (target_saved, draft_saved) if p))
 
     if as_json:
         report = {
@@ -66,7 +68,7 @@ def profile(
             "rows": curve_rows(target_profile),
             "draft": draft_profile.to_dict() if draft_profile else None,
             "draft_cost": draft_cost,
-            "saved": [str(p) for p in (target_saved, draft_saved) if p],
+            "saved": [str(p) for p in saved],
         }
         typer.echo(json.dumps(report))
         return
@@ -75,11 +77,11 @@ def profile(
     if draft_profile and draft_cost is not None:
         console.print(
             f"draft {draft_profile.model_file}: T(1) {draft_profile.step_s * 1000:.2f} ms, "
-            f"c_d = {draft_cost:.2f} target steps per draft token"
+            f"c_d = {draft_cost:.2f} target steps per draft token",
+            soft_wrap=True,
         )
-    for saved in (target_saved, draft_saved):
-        if saved:
-            status.print(f"[dim]saved {saved}[/dim]")
+    for path in saved:
+        status.print(f"[dim]saved {path}[/dim]", soft_wrap=True)
 
 
 def curve_rows(p: DeviceProfile) -> list[dict[str, float]]:

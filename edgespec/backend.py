@@ -54,12 +54,16 @@ def set_verbose(verbose: bool) -> None:
 class Model:
     """A GGUF model loaded (memory-mapped) by llama.cpp, with its vocabulary."""
 
-    def __init__(self, path: str | Path, info: GGUFInfo | None = None):
+    def __init__(self, path: str | Path, info: GGUFInfo | None = None, use_mmap: bool = False):
         _init_backend()
         self.path = Path(path)
         self.info = info or read_gguf(self.path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
+        # Read the weights into memory instead of mapping the file: mapped pages are page cache,
+        # which the OS may reclaim while we generate (seen here: decoding fell from 23 to 0.4
+        # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
+        params.use_mmap = use_mmap
         _recent_native_errors.clear()
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:

@@ -22,7 +22,7 @@ from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter
 from .policy import AutoPolicy, Calibrator, Costs, best_ngram_length, worth_drafting_on
-from .profile import DEFAULT_RELATIVE, relative_cost
+from .profile import DEFAULT_RELATIVE, load_profile, relative_cost
 from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
@@ -157,11 +157,17 @@ class Engine:
             else None
         )
         self.n_ctx = self.target_ctx.n_ctx
+        # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
+        self._target_cache: list[int] = []
+        self._draft_cache: list[int] = []
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         self._probs = np.empty(draft.n_vocab if draft else 0, dtype=np.float32)
         self._q_rows = np.empty((0, self._probs.size), dtype=np.float32)
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
-        self.relative_cost: Callable[[int], float] = lambda k: relative_cost(DEFAULT_RELATIVE, k)
+        self.profile = load_profile(target.path, threads)
+        self.relative_cost: Callable[[int], float] = (
+            self.profile.relative if self.profile else lambda k: relative_cost(DEFAULT_RELATIVE, k)
+        )
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_tokens(
@@ -218,17 +224,16 @@ class Engine:
     def _rounds(self, run: _Run) -> Iterator[list[int]]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
         stats, cfg = run.stats, run.cfg
-        self.target_ctx.clear()
-        if self.draft_ctx:
-            self.draft_ctx.clear()
         t0 = time.perf_counter()
+        # Reuse what the caches already hold of this prompt (a chat's history): only the rest
+        # is evaluated. The prompt's last token is the first round's root.
         prefix = run.tokens[:-1]
-        if prefix:
-            self.target_ctx.decode(prefix, 0, logits="none")
-            if self.draft_ctx and cfg.mode in ("chain", "tree", "auto"):
-                self.draft_ctx.decode(prefix, 0, logits="none")
-                run.draft_cached = len(prefix)
+        reused = self._reuse(self.target_ctx, "_target_cache", prefix)
+        stats.n_prompt_eval = len(prefix) - reused + 1
         run.target_cached = len(prefix)
+        if self.draft_ctx and cfg.mode in ("chain", "tree", "auto"):
+            self._reuse(self.draft_ctx, "_draft_cache", prefix)
+            run.draft_cached = len(prefix)
         stats.prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         run.sampling = cfg.sampling
@@ -244,16 +249,46 @@ class Engine:
             "ngram": self._round_ngram,
             "auto": self._round_auto,
         }[cfg.mode or "target"]
+        in_round = False
         try:
             while True:
                 room = self.n_ctx - len(run.tokens)  # positions left after the root's
                 if room < 0:
                     return
-                yield round_fn(run, room)
+                in_round = True
+                decided = round_fn(run, room)
+                in_round = False
+                yield decided
                 stats.decode_s = time.perf_counter() - t_decode
         finally:
             stats.decode_s = time.perf_counter() - t_decode
-            self._trim_caches(run)
+            if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
+                self.forget_caches()
+            else:
+                self._trim_caches(run)
+
+    def _reuse(self, ctx: Context, attr: str, prefix: list[int]) -> int:
+        """Keep the longest cached start of `prefix` in sequence 0, evaluate the rest; returns
+        how many tokens were already there."""
+        cached: list[int] = getattr(self, attr)
+        keep = 0
+        limit = min(len(cached), len(prefix))
+        while keep < limit and cached[keep] == prefix[keep]:
+            keep += 1
+        ctx.seq_rm(0, keep)
+        setattr(self, attr, [])  # unknown until the evaluation below completes
+        if keep < len(prefix):
+            ctx.decode(prefix[keep:], keep, logits="none")
+        setattr(self, attr, list(prefix))
+        return keep
+
+    def forget_caches(self) -> None:
+        """Empty both caches; the next generation evaluates its whole prompt."""
+        self.target_ctx.clear()
+        self._target_cache = []
+        if self.draft_ctx:
+            self.draft_ctx.clear()
+        self._draft_cache = []
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
@@ -546,6 +581,8 @@ class Engine:
             cached = min(getattr(run, attr), n)
             ctx.seq_rm(0, cached)
             setattr(run, attr, cached)
+        self._target_cache = run.tokens[: run.target_cached]
+        self._draft_cache = run.tokens[: run.draft_cached] if self.draft_ctx else []
 
 
 class Stream:

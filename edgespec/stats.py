@@ -54,6 +54,7 @@ class TreeStats:
 class Stats:
     mode: str = "target"
     n_prompt_tokens: int = 0
+    n_prompt_eval: int = 0  # prompt tokens evaluated: the rest was reused from the cache
     n_generated: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0

@@ -185,3 +185,22 @@ def test_batch_logits_are_read_in_batch_order(plain_engine):
         )
         assert np.array_equal(rows[i], ith)
     ctx.close()
+
+
+def test_a_prompt_that_extends_the_last_one_evaluates_only_its_new_tokens(self_draft_engine):
+    """A chat's second turn: the history is in the caches already."""
+    engine = self_draft_engine
+    engine.forget_caches()
+    first_prompt = engine.prompt_tokens(PROMPTS[1])
+    first = engine.generate(first_prompt, max_tokens=20, mode="chain")
+    assert first.stats.n_prompt_eval == len(first_prompt)
+    follow_up = engine.target.tokenize(" Which one is largest?", add_special=False)
+    second_prompt = first_prompt + first.tokens + follow_up
+    second = engine.generate(second_prompt, max_tokens=20, mode="chain")
+    # the history minus its last token was cached; the new tokens (and that one) are evaluated
+    assert second.stats.n_prompt_eval <= len(follow_up) + 2
+    # and the result is what a fresh start gives
+    engine.forget_caches()
+    fresh = engine.generate(second_prompt, max_tokens=20, mode="chain")
+    assert fresh.stats.n_prompt_eval == len(second_prompt)
+    assert_same_or_near_tie(engine, second_prompt, fresh.tokens, second.tokens)
