@@ -29,11 +29,10 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	shellcheck scripts/*.sh
 
 bench: models
-	@echo "edgespec bench arrives with the edge-speed issue; for now compare modes with:"
-	$(BIN)/edgespec run -n 128 --mode target "$(PROMPT)" > /dev/null
-	$(BIN)/edgespec run -n 128 --mode chain "$(PROMPT)" > /dev/null
+	$(BIN)/edgespec bench --json bench.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -17,6 +17,7 @@ from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
 
 from . import options as opt
 from .bench_cmd import bench
+from .chat_cmd import chat
 from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
@@ -37,6 +38,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 app.command()(profile)
 app.command()(bench)
+app.command()(chat)
 err = Console(stderr=True, highlight=False)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"

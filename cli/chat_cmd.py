@@ -1,0 +1,234 @@
+"""`edgespec chat`: a conversation in the terminal (ollama's REPL conventions).
+
+Answers stream to stdout, a one-line summary of each goes to stderr. The loop reads messages and
+commands; the conversation itself (history, context, files) is edgespec.conversation's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from edgespec.config import KINDS, Settings
+from edgespec.errors import BadSettingError, EdgespecError
+
+from . import options as opt
+
+if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
+    from edgespec.conversation import Conversation
+
+SETTABLE = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens", "mode", "draft_max")
+MULTILINE = '"""'
+HELP = f"""\
+/set NAME VALUE   change a setting: {", ".join(SETTABLE)}
+/show             settings, models and context use
+/stats            the last answer's statistics as JSON
+/clear            forget the conversation
+/save FILE        save the conversation as JSON
+/load FILE        continue a saved conversation
+/bye, /exit       leave (or Ctrl+D)
+{MULTILINE} ... {MULTILINE}       a message of several lines
+Ctrl+C stops an answer and keeps what it said so far."""
+
+err = Console(stderr=True, highlight=False)
+
+
+def chat(
+    target: opt.Target = None,
+    draft: opt.Draft = None,
+    mode: opt.Mode = None,
+    max_tokens: opt.MaxTokens = None,
+    temp: opt.Temp = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    min_p: opt.MinP = None,
+    seed: opt.Seed = None,
+    threads: opt.Threads = None,
+    draft_threads: opt.DraftThreads = None,
+    ctx_size: opt.CtxSize = None,
+    draft_max: opt.DraftMax = None,
+    system: opt.System = None,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option("--chat-template", help="A Jinja chat template file [default: the GGUF's]"),
+    ] = None,
+    verbose: opt.Verbose = False,
+) -> None:
+    """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
+    from edgespec.conversation import Conversation
+
+    from .app import load_engine, resolve
+
+    flags = dict(
+        target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
+        ctx_size=ctx_size, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p,
+        min_p=min_p, seed=seed, draft_max=draft_max, system=system,
+    )  # fmt: skip
+    settings = resolve(flags)
+    template = read_template(chat_template) if chat_template else None
+    engine = load_engine(settings, verbose)
+    repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
+    repl.run()
+
+
+def read_template(path: Path) -> str:
+    try:
+        return path.expanduser().read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EdgespecError(f"cannot read the chat template {path}: {e}") from None
+
+
+class Repl:
+    def __init__(self, conversation: Conversation, settings: Settings, interactive: bool):
+        self.conversation = conversation
+        self.settings = settings
+        self.interactive = interactive  # a terminal: prompts and line editing
+
+    def run(self) -> None:
+        if self.interactive:
+            import readline  # noqa: F401  (line editing and history for input())
+        while True:
+            try:
+                text = self.read_message()
+            except KeyboardInterrupt:
+                print()
+                err.print("[dim]Use /bye or Ctrl+D to exit.[/dim]")
+                continue
+            except EOFError:
+                if self.interactive:
+                    print()
+                return
+            if not text.strip():
+                continue
+            try:
+                if text.startswith("/"):
+                    if not self.command(text.strip()):
+                        return
+                else:
+                    self.answer(text)
+            except EdgespecError as e:
+                err.print(f"error: {escape(str(e))}")
+
+    # ----- input -----------------------------------------------------------------------------
+    def read_line(self, prompt: str) -> str:
+        if self.interactive:
+            return input(prompt)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def read_message(self) -> str:
+        """One line, or the lines between two \"\"\" (the first may follow them directly)."""
+        line = self.read_line(">>> ")
+        if not line.lstrip().startswith(MULTILINE):
+            return line
+        lines = [line.lstrip()[len(MULTILINE) :]]
+        while not lines[-1].rstrip().endswith(MULTILINE):
+            lines.append(self.read_line("... "))
+        lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
+        return "\n".join(lines).strip()
+
+    # ----- answers ---------------------------------------------------------------------------
+    def answer(self, text: str) -> None:
+        reply = self.conversation.ask(text, **self.generation_options())
+        if reply.dropped:
+            err.print(f"[dim]dropped the {reply.dropped} oldest turn(s) to fit the context[/dim]")
+        try:
+            for piece in reply:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            err.print("[dim]interrupted[/dim]")
+            return
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        stats = self.conversation.last_stats
+        if stats is not None:
+            used = stats.n_prompt_tokens + stats.n_generated
+            summary = f"{stats.summary()}, context {used}/{self.conversation.engine.n_ctx}"
+            err.print(f"[dim]{summary}[/dim]", soft_wrap=True)
+
+    def generation_options(self, settings: Settings | None = None) -> dict[str, object]:
+        from .app import generation_options
+
+        options = generation_options(settings or self.settings)
+        del options["system"]  # the conversation renders its own system message
+        return options
+
+    # ----- commands --------------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Run a /command; False means leave."""
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name in ("/bye", "/exit"):
+            return False
+        if name in ("/?", "/help"):
+            print(HELP)
+        elif name == "/clear":
+            self.conversation.clear()
+            print("Cleared the conversation.")
+        elif name == "/set":
+            self.set(arg)
+        elif name == "/show":
+            self.show()
+        elif name == "/stats":
+            self.print_stats()
+        elif name == "/save":
+            self.conversation.save(need_file(arg, name))
+            print(f"Saved {len(self.conversation.messages)} messages to {arg}.")
+        elif name == "/load":
+            self.conversation.load(need_file(arg, name))
+            print(f"Loaded {len(self.conversation.messages)} messages from {arg}.")
+        else:
+            raise BadSettingError(f"unknown command {name}; /? lists the commands")
+        return True
+
+    def set(self, arg: str) -> None:
+        name, _, text = arg.partition(" ")
+        name, text = name.replace("-", "_"), text.strip()
+        if name not in SETTABLE or not text:
+            raise BadSettingError(f"usage: /set NAME VALUE, NAME one of {', '.join(SETTABLE)}")
+        try:
+            value = KINDS[name](text)
+        except ValueError:
+            raise BadSettingError(f"{name} must be of type {KINDS[name].__name__}") from None
+        settings = dataclasses.replace(self.settings, **{name: value})
+        from edgespec.engine import GenerationConfig
+
+        engine = self.conversation.engine
+        GenerationConfig(**self.generation_options(settings)).validate(engine.draft is not None)
+        self.settings = settings
+        print(f"Set {name} to {value}.")
+
+    def show(self) -> None:
+        engine, settings = self.conversation.engine, self.settings
+        print(f"target: {engine.target.path.name}")
+        print(f"draft: {engine.draft.path.name if engine.draft else 'none'}")
+        for name in SETTABLE:
+            value = getattr(settings, name)
+            print(f"{name}: {'auto' if name == 'mode' and value is None else value}")
+        print(f"system: {self.conversation.system or '(none)'}")
+        print(f"context: {self.conversation.context_used()}/{engine.n_ctx} tokens")
+
+    def print_stats(self) -> None:
+        stats = self.conversation.last_stats
+        if stats is None:
+            raise BadSettingError("no answer yet")
+        out = stats.to_dict()
+        out["n_ctx_used"] = stats.n_prompt_tokens + stats.n_generated
+        print(json.dumps(out))
+
+
+def need_file(arg: str, command: str) -> str:
+    if not arg:
+        raise BadSettingError(f"usage: {command} FILE")
+    return arg

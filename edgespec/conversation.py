@@ -1,0 +1,205 @@
+"""A multi-turn chat with one engine: the history, its rendering, and saving it to a file.
+
+The whole conversation is rendered with the chat template and tokenized for every question. The
+engine reuses the KV cache of whatever start of that prompt it already holds (the previous prompt
+and answer), so each turn evaluates only the new tokens.
+
+    conversation = Conversation(engine, system="Be brief.")
+    for piece in conversation.ask("Hi", max_tokens=64):
+        print(piece, end="")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import chat
+from .engine import GenerationConfig
+from .errors import BadSettingError, ContextOverflowError, EdgespecError
+
+if TYPE_CHECKING:
+    from .engine import Engine, Stream
+    from .stats import Stats
+
+ROLES = ("user", "assistant")
+
+
+@dataclass
+class Message:
+    role: str  # "user" or "assistant"; the system message is kept apart
+    content: str
+    interrupted: bool = False  # an answer cut short (Ctrl+C)
+
+
+class Reply:
+    """The answer to one question, streamed: iterate for text pieces.
+
+    The answer joins the conversation when the iteration ends, whichever way: complete, or cut
+    short by a KeyboardInterrupt (which is re-raised) or by closing the iterator early, in which
+    case the partial answer is kept with `interrupted=True` and the conversation stays usable.
+    """
+
+    def __init__(self, conversation: Conversation, stream: Stream, dropped: int):
+        self.conversation = conversation
+        self.stream = stream
+        self.dropped = dropped  # oldest turns forgotten to make the question fit the context
+
+    def __iter__(self) -> Iterator[str]:
+        finished = False
+        try:
+            yield from self.stream
+            finished = True
+        finally:
+            self.conversation._answered(self.stream, interrupted=not finished)
+
+
+class Conversation:
+    def __init__(self, engine: Engine, system: str | None = None, template: str | None = None):
+        self.engine = engine
+        self.system = system
+        self.template = template or engine.target.info.chat_template
+        if self.template is None:
+            raise EdgespecError(
+                f"{engine.target.path.name} has no chat template; give one with --chat-template"
+            )
+        self.messages: list[Message] = []
+        self.last_stats: Stats | None = None
+
+    # ----- asking ----------------------------------------------------------------------------
+    def ask(self, text: str, **gen_options: object) -> Reply:
+        """Ask `text`; `gen_options` are GenerationConfig fields (max_tokens, temperature, ...).
+
+        Oldest turns are dropped when the conversation and max_tokens do not fit the context
+        (Reply.dropped says how many). If the question alone (with the system message) leaves no
+        room for an answer, ContextOverflowError; when it fits but max_tokens does not, the
+        answer may end at the context's end.
+        """
+        if not text.strip():
+            raise BadSettingError("the message is empty")
+        max_tokens = gen_options.get("max_tokens", GenerationConfig.max_tokens)
+        assert isinstance(max_tokens, int)
+        messages = [*self.messages, Message("user", text)]
+        tokens, dropped = self._fitted(messages, max_tokens)
+        stream = self.engine.stream(tokens, **gen_options)  # validates the options
+        self.messages = messages  # only now: a failed ask leaves the conversation as it was
+        return Reply(self, stream, dropped)
+
+    def _fitted(self, messages: list[Message], max_tokens: int) -> tuple[list[int], int]:
+        """The prompt tokens after dropping the oldest turns (in place) until the prompt and
+        max_tokens fit the context; and how many turns were dropped."""
+        dropped = 0
+        tokens = self.prompt_tokens(messages)
+        while len(tokens) + max_tokens > self.engine.n_ctx and len(messages) > 1:
+            # A turn is a user message and the answer(s) after it.
+            del messages[0]
+            while len(messages) > 1 and messages[0].role != "user":
+                del messages[0]
+            dropped += 1
+            tokens = self.prompt_tokens(messages)
+        if len(tokens) >= self.engine.n_ctx:
+            raise ContextOverflowError(
+                f"the message needs {len(tokens)} tokens but the context holds "
+                f"{self.engine.n_ctx}; use a larger --ctx-size or a shorter message"
+            )
+        return tokens, dropped
+
+    def _answered(self, stream: Stream, interrupted: bool) -> None:
+        self.messages.append(Message("assistant", stream.text, interrupted))
+        if stream.result is not None:
+            self.last_stats = stream.result.stats
+
+    # ----- rendering -------------------------------------------------------------------------
+    def prompt_tokens(
+        self, messages: list[Message] | None = None, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The conversation (or `messages`) rendered with the chat template and tokenized."""
+        messages = self.messages if messages is None else messages
+        rendered = [{"role": "system", "content": self.system}] if self.system else []
+        rendered += [{"role": m.role, "content": m.content} for m in messages]
+        # As Engine.prompt_tokens tokenizes a chat prompt (copied: it renders one message only).
+        target = self.engine.target
+        bos_text = target.token_text(target.bos).decode(errors="replace")
+        eos_text = target.token_text(target.eos).decode(errors="replace")
+        text = chat.render(
+            self.template,
+            rendered,
+            bos_token=bos_text,
+            eos_token=eos_text,
+            add_generation_prompt=add_generation_prompt,
+        )
+        add_bos = target.add_bos and not text.startswith(bos_text)
+        return target.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def context_used(self) -> int:
+        """Tokens the conversation so far takes in the context (0 when it is empty)."""
+        if not self.messages:
+            return 0
+        return len(self.prompt_tokens(add_generation_prompt=False))
+
+    # ----- state -----------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Forget the messages (not the system message)."""
+        self.messages = []
+        self.last_stats = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"system": self.system, "messages": [asdict(m) for m in self.messages]}
+
+    def save(self, path: str | Path) -> None:
+        """Write the conversation as JSON, atomically: a crash never leaves half a file."""
+        path = Path(path).expanduser()
+        text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:
+            raise EdgespecError(f"cannot save {path}: {e.strerror or e}") from None
+
+    def load(self, path: str | Path) -> None:
+        """Replace the conversation (system message included) with the one saved in `path`."""
+        path = Path(path).expanduser()
+        try:
+            data = json.loads(path.read_text("utf-8"))
+        except OSError as e:
+            raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
+        self.system, self.messages = _parsed(data, path)
+        self.last_stats = None
+
+
+def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:
+    """The system message and messages of a saved conversation, checked."""
+
+    def bad(why: str) -> EdgespecError:
+        return EdgespecError(f"{path} is not a saved conversation: {why}")
+
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise bad('expected an object with a "messages" list')
+    system = data.get("system")
+    if system is not None and not isinstance(system, str):
+        raise bad('"system" must be a string or null')
+    messages = []
+    for i, item in enumerate(data["messages"]):
+        if not isinstance(item, dict):
+            raise bad(f"message {i} is not an object")
+        role, content = item.get("role"), item.get("content")
+        interrupted = item.get("interrupted", False)
+        if role not in ROLES:
+            raise bad(f"message {i} has role {role!r}, not one of {', '.join(ROLES)}")
+        if not isinstance(content, str) or not isinstance(interrupted, bool):
+            raise bad(f'message {i} needs a string "content" and a boolean "interrupted"')
+        messages.append(Message(role, content, interrupted))
+    return system, messages
