@@ -599,43 +599,48 @@ class Stream:
         )
         self.result: Result | None = None
         self._text: list[str] = []
+        self._detok, self._stops = Detokenizer(), StopMatcher(cfg.stop)
+        self._reason = ""  # why generation ended, once it has
 
     def __iter__(self) -> Iterator[str]:
-        engine, run, cfg = self.engine, self.run, self.cfg
-        detok, stops = Detokenizer(), StopMatcher(cfg.stop)
-        reason = "context"
-        rounds = engine._rounds(run)
+        run, stops = self.run, self._stops
+        rounds = self.engine._rounds(run)
         try:
             for decided in rounds:
                 for token in decided:
-                    run.tokens.append(token)
-                    if engine.target.is_eog(token):
-                        reason = "stop"
-                        break
-                    run.generated.append(token)
-                    piece = stops.feed(detok.feed(engine.target.piece(token)))
+                    piece = self._commit(token)
                     if piece:
                         self._text.append(piece)
                         yield piece
-                    if stops.stopped:
-                        reason = "stop_string"
+                    if self._reason:
                         break
-                    if len(run.generated) >= cfg.max_tokens:
-                        reason = "length"
-                        break
-                else:
-                    continue
-                break
+                if self._reason:
+                    break
             if not stops.stopped:
-                tail = stops.feed(detok.flush()) + stops.flush()
+                tail = stops.feed(self._detok.flush()) + stops.flush()
                 if tail:
                     self._text.append(tail)
                     yield tail
         finally:
             rounds.close()
             self.stats.n_generated = len(run.generated)
-            self.stats.finish(reason)
+            self.stats.finish(self._reason or "context")
             self.result = Result("".join(self._text), list(run.generated), self.stats)
+
+    def _commit(self, token: int) -> str:
+        """Take one decided token; returns the text it completes, and sets `_reason` at a stop."""
+        run, target = self.run, self.engine.target
+        run.tokens.append(token)
+        if target.is_eog(token):
+            self._reason = "stop"
+            return ""
+        run.generated.append(token)
+        piece = self._stops.feed(self._detok.feed(target.piece(token)))
+        if self._stops.stopped:
+            self._reason = "stop_string"
+        elif len(run.generated) >= self.cfg.max_tokens:
+            self._reason = "length"
+        return piece
 
     @property
     def text(self) -> str:
