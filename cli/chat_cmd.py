@@ -115,6 +115,9 @@ class Repl:
                     self.answer(text)
             except EdgespecError as e:
                 err.print(f"error: {escape(str(e))}")
+            except KeyboardInterrupt:  # outside an answer (which handles its own): just stop
+                print()
+                err.print("[dim]interrupted[/dim]")
 
     # ----- input -----------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:

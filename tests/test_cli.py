@@ -165,3 +165,17 @@ def test_the_console_script_is_installed_and_shows_help():
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("run", "models", "inspect", "quantize"):
         assert command in out
+
+
+def test_seeded_sampling_runs_are_identical_and_another_seed_differs(capsys, smol_path):
+    def text(seed: str) -> str:
+        code, out, _ = cli(
+            capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain",
+            "--temp", "0.9", "--top-p", "0.95", "--seed", seed, "-n", "24", "--json",
+            "Tell a story.",
+        )  # fmt: skip
+        assert code == 0
+        return json.loads(out)["text"]
+
+    assert text("3") == text("3")
+    assert text("3") != text("4")
