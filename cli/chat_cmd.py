@@ -81,8 +81,10 @@ def chat(
 def read_template(path: Path) -> str:
     try:
         return path.expanduser().read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise EdgespecError(f"cannot read the chat template {path}: {e}") from None
+    except OSError as e:
+        raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise EdgespecError(f"the chat template {path} is not UTF-8 text") from None
 
 
 class Repl:

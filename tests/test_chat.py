@@ -1,0 +1,270 @@
+"""`edgespec chat` and the Conversation under it: real SmolLM2, a real terminal, small answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import edgespec
+from edgespec.conversation import Conversation, Message
+from edgespec.errors import ContextOverflowError, EdgespecError
+
+STATS_LINE = r"\d+ tokens, .*context \d+/\d+"
+TIMEOUT = 60.0  # per step: generous, the test machines are small and shared
+
+
+def chat_argv(smol_path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "edgespec.cli", "chat", "-m", str(smol_path), "--mode",
+            "target", "-n", "24", "-c", "512", "-t", "1", *extra]  # fmt: skip
+
+
+def chat_env(tmp_path) -> dict[str, str]:
+    # No user config file; a dumb terminal keeps colour and readline escapes out of the output.
+    return {**os.environ, "EDGESPEC_HOME": str(tmp_path / "home"), "TERM": "dumb"}
+
+
+class Terminal:
+    """A command on a pseudo-terminal, driven like a person at the keyboard."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: become the command
+            os.execve(argv[0], argv, env)
+        self.output = ""  # everything read so far
+        self.seen = 0  # output before this offset is matched already
+        self.exited = False
+
+    def expect(self, pattern: str, timeout: float = TIMEOUT) -> re.Match[str]:
+        """Wait for `pattern` in the output after the previous match; return its match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.compile(pattern, re.MULTILINE).search(self.output, self.seen)
+            if found:
+                self.seen = found.end()
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(left):
+                raise AssertionError(f"no {pattern!r} in:\n{self.output[self.seen :]}")
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            data = os.read(self.fd, 4096)
+        except OSError:  # the child closed the terminal
+            return False
+        self.output += data.decode(errors="replace").replace("\r\n", "\n")
+        return bool(data)
+
+    def press(self, key: bytes) -> None:
+        """A control key at the prompt. Python's readline misses a Ctrl+C that comes in the
+        moment between showing the prompt and waiting for keys, so wait like a person would."""
+        time.sleep(0.3)
+        os.write(self.fd, key)
+
+    def send_line(self, text: str) -> None:
+        os.write(self.fd, text.encode() + b"\r")
+
+    def ask(self, text: str) -> None:
+        """Send a message and wait for its answer's summary and the next prompt."""
+        self.send_line(text)
+        self.expect(STATS_LINE)
+        self.expect(r"^>>> ")
+
+    def command(self, text: str) -> str:
+        """Run a /command; its output up to the next prompt."""
+        self.send_line(text)
+        self.expect(re.escape(text) + r"\n")
+        start = self.seen
+        self.expect(r"^>>> ")
+        return self.output[start : self.seen - len(">>> ")]
+
+    def exit_code(self, timeout: float = TIMEOUT) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read(0.1)  # a child blocked on a full terminal would never exit
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.exited = True
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+        raise AssertionError("the chat did not exit")
+
+    def kill(self) -> None:
+        if not self.exited:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self.fd)
+
+
+def saved(path) -> list[dict]:
+    return json.loads(path.read_text())["messages"]
+
+
+def test_chat_in_a_terminal(smol_path, tmp_path):
+    term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        term.ask("Hi")
+        term.ask("What is 2+2?")
+
+        # Turn two evaluated only its new tokens: turn one's prompt and answer were cached.
+        stats = json.loads(term.command("/stats"))
+        assert stats["n_prompt_eval"] < stats["n_prompt_tokens"] / 2
+        assert stats["n_ctx_used"] == stats["n_prompt_tokens"] + stats["n_generated"]
+
+        first = tmp_path / "first.json"
+        assert "Saved 4 messages" in term.command(f"/save {first}")
+        assert [m["content"] for m in saved(first)][::2] == ["Hi", "What is 2+2?"]
+
+        term.command("/clear")
+        assert "context: 0/512" in term.command("/show")
+        term.command("/set temp 0.5")
+        assert "temp: 0.5" in term.command("/show")
+        assert "error: temp must be" in term.command("/set temp warm")
+
+        assert "Loaded 4 messages" in term.command(f"/load {first}")
+        again = tmp_path / "again.json"
+        term.command(f"/save {again}")
+        assert saved(again) == saved(first)
+
+        # Ctrl+C mid-answer stops the answer, not the chat.
+        term.command("/set temp 0")
+        term.command("/set max_tokens 300")
+        term.send_line("Tell me a long story about a dragon.")
+        term.expect(r"dragon\.\n\S.{10}")  # the answer has begun
+        os.write(term.fd, b"\x03")  # Ctrl+C
+        term.expect(r"^interrupted$")
+        term.expect(r"^>>> ")
+        term.command("/set max_tokens 24")
+        term.ask("What is 2+2?")
+        after = tmp_path / "after.json"
+        term.command(f"/save {after}")
+        story, question, answer = saved(after)[-3:]
+        assert story["role"] == "assistant" and story["interrupted"] and story["content"]
+        assert question["content"] == "What is 2+2?"
+        assert answer["content"] and not answer["interrupted"]
+
+        term.press(b"\x03")  # Ctrl+C at an empty prompt says how to leave
+        term.expect(r"/bye or Ctrl\+D")
+        term.expect(r"^>>> ")
+        term.press(b"\x04")  # Ctrl+D
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+
+
+def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
+    done = subprocess.run(
+        chat_argv(smol_path),
+        input="Hi\nWhat is 2+2?\n",
+        capture_output=True,
+        text=True,
+        env=chat_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(re.findall(STATS_LINE, done.stderr)) == 2
+    assert done.stdout.strip() and ">>>" not in done.stdout
+
+
+# ----- Conversation ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_engine(smol_path) -> edgespec.Engine:
+    return edgespec.load(smol_path, n_ctx=256, threads=1)
+
+
+def turns(n: int, words: int) -> list[Message]:
+    return [
+        Message(role, f"{role} {i}: " + "lorem ipsum " * words)
+        for i in range(n)
+        for role in ("user", "assistant")
+    ]
+
+
+def answer(conversation: Conversation, text: str, **options) -> str:
+    return "".join(conversation.ask(text, mode="target", **options))
+
+
+def test_overflow_drops_the_oldest_turns_and_keeps_the_system_message(small_engine):
+    conversation = Conversation(small_engine, system="Answer in one word.")
+    conversation.messages = turns(4, words=10)  # about 4 x 50 tokens: too many for 256 - 32
+    reply = conversation.ask("Hi", mode="target", max_tokens=32)
+    "".join(reply)
+    assert reply.dropped >= 1
+    kept = conversation.messages
+    assert kept[0].role == "user" and kept[0].content.startswith(f"user {reply.dropped}:")
+    assert [m.content for m in kept[-2:-1]] == ["Hi"] and kept[-1].role == "assistant"
+    assert conversation.system == "Answer in one word."
+    assert reply.stream.result.stats.n_prompt_tokens + 32 <= small_engine.n_ctx
+
+
+def test_a_message_too_long_for_the_context_is_an_error_and_changes_nothing(small_engine):
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(1, words=2)
+    before = list(conversation.messages)
+    with pytest.raises(ContextOverflowError, match="--ctx-size"):
+        conversation.ask("lorem ipsum " * 200, max_tokens=8)
+    assert conversation.messages == before
+
+
+def test_an_answer_cut_short_is_kept_as_interrupted(small_engine):
+    conversation = Conversation(small_engine)
+    pieces = iter(conversation.ask("Tell me a story.", mode="target", max_tokens=64))
+    partial = next(pieces) + next(pieces)
+    pieces.close()  # what Ctrl+C in the middle of the loop amounts to
+    assert conversation.messages[-1] == Message("assistant", partial, interrupted=True)
+    assert answer(conversation, "Thanks!", max_tokens=8)  # and the chat goes on
+    assert not conversation.messages[-1].interrupted
+
+
+def test_save_and_load_round_trip(small_engine, tmp_path):
+    conversation = Conversation(small_engine, system="Be brief.")
+    answer(conversation, "Hi", max_tokens=8)
+    path = tmp_path / "chat.json"
+    conversation.save(path)
+    loaded = Conversation(small_engine)
+    loaded.load(path)
+    assert loaded.system == "Be brief."
+    assert loaded.messages == conversation.messages
+    assert loaded.prompt_tokens() == conversation.prompt_tokens()
+    assert [p.name for p in tmp_path.iterdir()] == ["chat.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", '"messages" list'),
+        ('{"messages": [{"role": "robot", "content": "beep"}]}', "role 'robot'"),
+        ('{"messages": [{"role": "user", "content": 3}]}', "message 0"),
+        ('{"system": 1, "messages": []}', '"system"'),
+    ],
+)
+def test_loading_a_bad_file_is_a_clear_error_and_keeps_the_conversation(
+    small_engine, tmp_path, content, why
+):
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(1, words=1)
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(EdgespecError, match=f"{re.escape(str(path))} is not a saved conversation"):
+        conversation.load(path)
+    with pytest.raises(EdgespecError, match=re.escape(why)):
+        conversation.load(path)
+    assert conversation.messages == turns(1, words=1)
+
+
+def test_a_missing_file_is_a_clear_error(small_engine, tmp_path):
+    with pytest.raises(EdgespecError, match="cannot read"):
+        Conversation(small_engine).load(tmp_path / "nowhere.json")
