@@ -16,22 +16,14 @@ from rich.text import Text
 
 from edgespec.bench import BASELINE, BenchReport, ClassSummary, Progress
 
+from . import options as opt
+
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
 
 
 def bench(
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
-        ),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
-        ),
-    ] = None,
+    target: opt.Target = None,
+    draft: opt.Draft = None,
     prompts: Annotated[
         Path | None,
         typer.Option(

@@ -12,20 +12,12 @@ from rich.table import Table
 
 from edgespec.profile import DeviceProfile, profile_model, save_profile
 
+from . import options as opt
+
 
 def profile(
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target", "-m", help="Target GGUF path or catalogue name [default: the Qwen 1.5B]"
-        ),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
-        ),
-    ] = None,
+    target: opt.Target = None,
+    draft: opt.Draft = None,
     threads: Annotated[
         int | None, typer.Option("--threads", "-t", help="Threads [default: all cores]")
     ] = None,
