@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import chat
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 
@@ -122,19 +121,7 @@ class Conversation:
         messages = self.messages if messages is None else messages
         rendered = [{"role": "system", "content": self.system}] if self.system else []
         rendered += [{"role": m.role, "content": m.content} for m in messages]
-        # As Engine.prompt_tokens tokenizes a chat prompt (copied: it renders one message only).
-        target = self.engine.target
-        bos_text = target.token_text(target.bos).decode(errors="replace")
-        eos_text = target.token_text(target.eos).decode(errors="replace")
-        text = chat.render(
-            self.template,
-            rendered,
-            bos_token=bos_text,
-            eos_token=eos_text,
-            add_generation_prompt=add_generation_prompt,
-        )
-        add_bos = target.add_bos and not text.startswith(bos_text)
-        return target.tokenize(text, add_special=add_bos, parse_special=True)
+        return self.engine.chat_tokens(self.template, rendered, add_generation_prompt)
 
     def context_used(self) -> int:
         """Tokens the conversation so far takes in the context (0 when it is empty)."""

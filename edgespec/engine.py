@@ -183,13 +183,7 @@ class Engine:
                 raise EdgespecError(
                     f"{self.target.path.name} has no chat template; use --raw for plain completion"
                 )
-            bos_text = self.target.token_text(self.target.bos).decode(errors="replace")
-            eos_text = self.target.token_text(self.target.eos).decode(errors="replace")
-            text = chat.render(
-                template, chat.messages_for(prompt, system), bos_token=bos_text, eos_token=eos_text
-            )
-            add_bos = self.target.add_bos and not text.startswith(bos_text)
-            tokens = self.target.tokenize(text, add_special=add_bos, parse_special=True)
+            tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
         else:
             tokens = self.target.tokenize(prompt, add_special=True, parse_special=False)
         if len(tokens) >= self.n_ctx:
@@ -198,6 +192,24 @@ class Engine:
                 "use a larger --ctx-size or a shorter prompt"
             )
         return tokens
+
+    def chat_tokens(
+        self, template: str, messages: list[chat.Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Messages rendered with a chat template and tokenized as the target expects."""
+        target = self.target
+        bos_text = target.token_text(target.bos).decode(errors="replace")
+        eos_text = target.token_text(target.eos).decode(errors="replace")
+        text = chat.render(
+            template,
+            messages,
+            bos_token=bos_text,
+            eos_token=eos_text,
+            add_generation_prompt=add_generation_prompt,
+        )
+        # The template may write the BOS token itself; adding another would shift the model.
+        add_bos = target.add_bos and not text.startswith(bos_text)
+        return target.tokenize(text, add_special=add_bos, parse_special=True)
 
     # ----- generation ----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], **config) -> Stream:
