@@ -14,6 +14,7 @@ from rich.table import Table
 from edgespec import catalogue
 from edgespec.config import Settings, resolve
 from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
+from edgespec.stats import Stats
 
 from . import options as opt
 from .bench_cmd import bench
@@ -58,6 +59,24 @@ def resolve_model(value: str | None, default: str | None) -> Path | None:
     return catalogue.local_path(name) or fetch_with_progress(name, err)
 
 
+def resolve_draft(settings: Settings) -> Path | None:
+    """The draft asked for; with no target or draft named, the default draft in the form that
+    runs fastest on this device (a Q4_0 copy, made and measured on first use, if it is faster)."""
+    if settings.draft is not None or settings.target is not None:
+        return resolve_model(settings.draft, None)
+    from edgespec.cores import plan_placement
+    from edgespec.drafts import fastest_draft
+
+    fetched = resolve_model(None, DEFAULT_DRAFT)
+    assert fetched is not None
+    n_threads = settings.draft_threads or len(
+        plan_placement(settings.target_cpus, settings.draft_cpus).draft_cpus
+    )
+    # No spinner: its refresh thread would take CPU from the timing.
+    choice = fastest_draft(fetched, n_threads, say=lambda m: err.print(m, style="dim"))
+    return choice.path(fetched.parent)
+
+
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
         return sys.stdin.read()
@@ -69,17 +88,22 @@ def load_engine(settings: Settings, verbose: bool):
     import edgespec
 
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
-    draft_path = resolve_model(settings.draft, DEFAULT_DRAFT if settings.target is None else None)
-    if settings.mode in ("target", "ngram"):
-        draft_path = None  # these modes never use a draft: don't load one
-    return edgespec.load(
+    draft_path = None
+    if settings.mode not in ("target", "ngram"):  # these modes never use a draft: don't load one
+        draft_path = resolve_draft(settings)
+    engine = edgespec.load(
         target_path,
         draft_path,
         n_ctx=settings.ctx_size,
         threads=settings.threads,
         draft_threads=settings.draft_threads,
+        target_cpus=settings.target_cpus,
+        draft_cpus=settings.draft_cpus,
         verbose=verbose,
     )
+    if settings.mode in (None, "auto"):  # auto plans with this device's costs
+        engine.profile_if_missing(say=lambda m: err.print(m, style="dim"))
+    return engine
 
 
 def generation_options(settings: Settings, **tree: object) -> dict[str, object]:
@@ -112,6 +136,8 @@ def run(
     seed: opt.Seed = None,
     threads: opt.Threads = None,
     draft_threads: opt.DraftThreads = None,
+    target_cpus: opt.TargetCpus = None,
+    draft_cpus: opt.DraftCpus = None,
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
     stop: Annotated[
@@ -139,6 +165,7 @@ def run(
     """Generate text for PROMPT, streamed to stdout; a summary goes to stderr."""
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
+        target_cpus=target_cpus, draft_cpus=draft_cpus,
         ctx_size=ctx_size, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p,
         min_p=min_p, seed=seed, draft_max=draft_max, system=system,
     )  # fmt: skip
@@ -175,6 +202,14 @@ def run(
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
+        if verbose:
+            err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
+
+
+def placement_report(stats: Stats) -> str:
+    """Where the models were to run, and where the process's threads may run (from the kernel)."""
+    threads = ", ".join(f"{n} on CPUs {cpus}" for cpus, n in stats.threads_by_cpus.items())
+    return f"placement: {stats.placement}; threads: {threads or 'not readable here'}"
 
 
 @app.command()

@@ -34,7 +34,8 @@ def bench(
     modes: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated modes, e.g. target,chain,llama [default: all that can run]"
+            help="Comma-separated modes, e.g. target,chain,llama; a size compares settings: "
+            "chain:8 drafts 8, tree:16 grows 16 nodes [default: all that can run]"
         ),
     ] = None,
     classes: Annotated[
@@ -63,9 +64,10 @@ def bench(
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, load_prompts, run_bench
+    from edgespec.config import Settings
     from edgespec.errors import BadSettingError
 
-    from .app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from .app import DEFAULT_TARGET, resolve_draft, resolve_model
 
     selected = load_prompts(prompts, _split(classes) if classes else None)
     if max_tokens is not None:
@@ -73,7 +75,7 @@ def bench(
             raise BadSettingError(f"--max-tokens must be at least 1 (got {max_tokens})")
         selected = [replace(p, max_tokens=max_tokens) for p in selected]
     target_path = resolve_model(target, DEFAULT_TARGET)
-    draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
+    draft_path = resolve_draft(Settings(target=target, draft=draft, draft_threads=threads))
     assert target_path is not None
     mode_list = _split(modes) if modes else available_modes(draft_path is not None)
 
@@ -160,6 +162,8 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
         "acceptance",
         "mean\naccepted",
         "passes\n/token",
+        "drafted\n/pass",
+        "py ms\n/pass",
         "same as\nplain",
     ):
         table.add_column(header, justify="right", no_wrap=True)
@@ -172,6 +176,8 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
             _fmt(s.acceptance, ".0%"),
             _fmt(s.mean_accepted, ".2f"),
             _fmt(s.passes_per_token, ".2f"),
+            _fmt(s.draft_evals_per_pass, ".1f"),
+            _fmt(s.overhead_ms, ".2f"),
             f"{s.n_same}/{s.n_prompts}",
         )
     return table

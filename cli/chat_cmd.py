@@ -52,6 +52,8 @@ def chat(
     seed: opt.Seed = None,
     threads: opt.Threads = None,
     draft_threads: opt.DraftThreads = None,
+    target_cpus: opt.TargetCpus = None,
+    draft_cpus: opt.DraftCpus = None,
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
     system: opt.System = None,
@@ -68,6 +70,7 @@ def chat(
 
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
+        target_cpus=target_cpus, draft_cpus=draft_cpus,
         ctx_size=ctx_size, max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p,
         min_p=min_p, seed=seed, draft_max=draft_max, system=system,
     )  # fmt: skip

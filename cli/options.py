@@ -48,9 +48,26 @@ MinP = Annotated[
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed for sampling")]
 Threads = Annotated[
-    int | None, typer.Option("--threads", "-t", help="Target threads [default: all cores]")
+    int | None,
+    typer.Option("--threads", "-t", help="Target threads [default: one per --target-cpus CPU]"),
 ]
-DraftThreads = Annotated[int | None, typer.Option(help="Draft threads [default: as --threads]")]
+DraftThreads = Annotated[
+    int | None, typer.Option(help="Draft threads [default: one per --draft-cpus CPU]")
+]
+TargetCpus = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        help="CPUs for the target, e.g. 0-3 [default: the big cores; all when cores are equal]",
+    ),
+]
+DraftCpus = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        help="CPUs for the draft, e.g. 4-7 [default: the little cores; all when cores are equal]",
+    ),
+]
 CtxSize = Annotated[
     int | None,
     typer.Option("--ctx-size", "-c", help=f"Context size in tokens [default: {Settings.ctx_size}]"),

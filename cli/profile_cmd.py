@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from edgespec.cores import format_cpu_list, plan_placement
+from edgespec.errors import BadSettingError
+from edgespec.overlap import OverlapReport, measure_overlap
 from edgespec.profile import DeviceProfile, profile_model, save_profile
 
 from . import options as opt
@@ -24,6 +28,16 @@ def profile(
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer batch sizes and rounds: a few seconds")
     ] = False,
+    overlap: Annotated[
+        bool,
+        typer.Option(
+            "--overlap",
+            help="Also time a chain round pipelined (draft and target at once on their own "
+            "CPUs) against serial: does LLMCad's pipeline pay here?",
+        ),
+    ] = False,
+    target_cpus: opt.TargetCpus = None,
+    draft_cpus: opt.DraftCpus = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Measure how long one target pass over k tokens takes on this device, and save it.
@@ -41,6 +55,9 @@ def profile(
     draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
     assert target_path is not None
     n_threads = threads or default_threads()
+    if overlap and draft_path is None:
+        raise BadSettingError("--overlap needs a draft (--draft)")
+    split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])
     status = Console(stderr=True, highlight=False)
 
     def measure(path: Path) -> tuple[DeviceProfile, Path]:
@@ -51,6 +68,10 @@ def profile(
     target_profile, target_saved = measure(target_path)
     draft_profile, draft_saved = measure(draft_path) if draft_path else (None, None)
     draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
+    overlap_report = None
+    if overlap:
+        with status.status("timing serial and pipelined chain rounds"):
+            overlap_report = measure_overlap(target_path, draft_path, *split)
     # A draft that is the target file was saved to the same path: list it once.
     saved = list(dict.fromkeys(p for p in (target_saved, draft_saved) if p))
 
@@ -60,6 +81,7 @@ def profile(
             "rows": curve_rows(target_profile),
             "draft": draft_profile.to_dict() if draft_profile else None,
             "draft_cost": draft_cost,
+            "overlap": overlap_dict(overlap_report) if overlap_report else None,
             "saved": [str(p) for p in saved],
         }
         typer.echo(json.dumps(report))
@@ -72,8 +94,39 @@ def profile(
             f"c_d = {draft_cost:.2f} target steps per draft token",
             soft_wrap=True,
         )
+    if overlap_report:
+        console.print(overlap_line(overlap_report), soft_wrap=True)
     for path in saved:
         status.print(f"[dim]saved {path}[/dim]", soft_wrap=True)
+
+
+def split_cpus(target_cpus: str | None, draft_cpus: str | None) -> tuple[list[int], list[int]]:
+    """The CPUs of each model for a pipeline: as placed, and on uniform cores the last CPU for
+    the draft and the rest for the target."""
+    placement = plan_placement(target_cpus, draft_cpus)
+    target, draft = placement.target_cpus, placement.draft_cpus
+    if set(target) & set(draft):
+        if target_cpus or draft_cpus:
+            raise BadSettingError("--overlap needs --target-cpus and --draft-cpus that differ")
+        if len(target) < 2:
+            raise BadSettingError("--overlap needs at least 2 CPUs")
+        target, draft = target[:-1], target[-1:]
+    return target, draft
+
+
+def overlap_dict(r: OverlapReport) -> dict[str, object]:
+    return {**asdict(r), "speedup": r.speedup}
+
+
+def overlap_line(r: OverlapReport) -> str:
+    verdict = "pays here" if r.speedup > 1 else "does not pay here"
+    return (
+        f"pipeline, chain of {r.k}: serial round {r.serial_s * 1000:.1f} ms on all CPUs; "
+        f"pipelined {r.pipelined_s * 1000:.1f} ms (target on CPUs "
+        f"{format_cpu_list(r.target_cpus)} alone {r.target_alone_s * 1000:.1f} ms, draft on "
+        f"{format_cpu_list(r.draft_cpus)} alone {r.draft_alone_s * 1000:.1f} ms): "
+        f"{r.speedup:.2f}x, {verdict}"
+    )
 
 
 def curve_rows(p: DeviceProfile) -> list[dict[str, float]]:

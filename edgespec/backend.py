@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from .cores import PinnedThread
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
 
@@ -139,8 +141,10 @@ class Context:
         n_threads: int,
         n_batch: int = 512,
         n_seq_max: int = 1,
+        pinned: PinnedThread | None = None,
     ):
         self.model = model
+        self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
         self.n_seq_max = n_seq_max
         params = ll.llama_context_default_params()
         # llama.cpp pads a context to at least 256 cells but clamps the batch to the size asked
@@ -174,6 +178,7 @@ class Context:
             row[0] = 0
         self._n_seq_id[:] = 1
         self._rows_off_seq0 = 0  # rows [0, this) may carry ids other than [0] from a tree batch
+        self.decode_s = 0.0  # seconds spent inside llama_decode, ever: the rest is our overhead
 
     def decode(
         self,
@@ -223,7 +228,12 @@ class Context:
         self._wants_logits[:n] = 1 if logits == "all" else 0
         if logits == "last":
             self._wants_logits[n - 1] = 1
-        status = ll.llama_decode(self._ctx, batch)
+        t0 = time.perf_counter()
+        if self.pinned is None:
+            status = ll.llama_decode(self._ctx, batch)
+        else:
+            status = self.pinned.call(ll.llama_decode, self._ctx, batch)
+        self.decode_s += time.perf_counter() - t0
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:

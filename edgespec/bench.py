@@ -131,15 +131,29 @@ def available_modes(has_draft: bool) -> list[str]:
     return [m for m in MODES if has_draft or not needs_draft(m)] + list(LLAMA_MODES)
 
 
+def engine_options(mode: str) -> dict[str, Any]:
+    """Engine.generate's options for a bench mode: "chain" or, with a size, "chain:8" (draft
+    length of chain and ngram, node budget of tree), so that sizes can be compared in one run."""
+    name, _, size = mode.partition(":")
+    if not size:
+        return {"mode": name}
+    if name not in ("chain", "ngram", "tree") or not size.isdigit() or int(size) < 1:
+        raise BadSettingError(
+            f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
+        )
+    return {"mode": name, "max_nodes" if name == "tree" else "draft_max": int(size)}
+
+
 def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
     """The modes to run, baseline first, each once; unknown modes and missing drafts raise."""
     for mode in modes:
         if mode in LLAMA_MODES:
             continue
-        if mode not in MODES:
+        if mode.partition(":")[0] not in MODES:
             choices = ", ".join([*MODES, *LLAMA_MODES])
             raise BadSettingError(f"unknown mode {mode!r}; the modes are {choices}")
-        GenerationConfig(mode=mode).validate(has_draft)  # e.g. "--mode chain needs a draft"
+        # e.g. "--mode chain needs a draft"
+        GenerationConfig(**engine_options(mode)).validate(has_draft)
     return list(dict.fromkeys([BASELINE, *modes]))
 
 
@@ -161,6 +175,8 @@ class Measurement:
     draft_tokens: int = 0  # tokens proposed for verification
     accepted_tokens: int = 0  # proposed tokens the target agreed with
     verifications: int = 0  # target passes that verified at least one proposed token
+    draft_evals: int = 0  # draft model evaluations
+    overhead_ms: float | None = None  # our own time per target pass (None: not ours to measure)
 
     @property
     def tokens_per_s(self) -> float:
@@ -178,13 +194,19 @@ class Measurement:
     def passes_per_token(self) -> float | None:
         return self.target_passes / len(self.tokens) if self.tokens else None
 
+    @property
+    def draft_evals_per_pass(self) -> float | None:
+        return self.draft_evals / self.target_passes if self.draft_evals else None
+
 
 Runner = Callable[[list[int], int], Measurement]  # (prompt tokens, max_tokens) -> measurement
 
 
 def engine_runner(engine: Engine, mode: str) -> Runner:
+    options = engine_options(mode)
+
     def measure(prompt_tokens: list[int], max_tokens: int) -> Measurement:
-        result = engine.generate(prompt_tokens, mode=mode, max_tokens=max_tokens)
+        result = engine.generate(prompt_tokens, max_tokens=max_tokens, **options)
         stats = result.stats
         return Measurement(
             tokens=result.tokens,
@@ -193,6 +215,8 @@ def engine_runner(engine: Engine, mode: str) -> Runner:
             draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens,
             verifications=stats.verifications,
+            draft_evals=stats.draft_evals,
+            overhead_ms=stats.overhead_ms_per_pass,
         )
 
     return measure
@@ -305,6 +329,8 @@ class BenchRow:
     acceptance: float | None  # median; None when nothing was proposed
     mean_accepted: float | None
     passes_per_token: float | None
+    draft_evals_per_pass: float | None
+    overhead_ms: float | None  # our own (Python) time per target pass, median
     same_as_target: bool  # every repeat generated exactly the baseline's tokens
     tokens: list[int]  # of the first repeat
     text: str
@@ -322,6 +348,8 @@ class ClassSummary:
     acceptance: float | None
     mean_accepted: float | None
     passes_per_token: float | None
+    draft_evals_per_pass: float | None
+    overhead_ms: float | None
     n_same: int  # prompts whose output equals the baseline's
     n_prompts: int
 
@@ -410,6 +438,8 @@ def _row(
         acceptance=_median_or_none(m.acceptance for m in runs),
         mean_accepted=_median_or_none(m.mean_accepted for m in runs),
         passes_per_token=_median_or_none(m.passes_per_token for m in runs),
+        draft_evals_per_pass=_median_or_none(m.draft_evals_per_pass for m in runs),
+        overhead_ms=_median_or_none(m.overhead_ms for m in runs),
         same_as_target=all(m.tokens == baseline[0].tokens for m in runs),
         tokens=runs[0].tokens,
         text=engine.target.detokenize(runs[0].tokens),
@@ -427,6 +457,8 @@ def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSum
         acceptance=_median_or_none(r.acceptance for r in rows),
         mean_accepted=_median_or_none(r.mean_accepted for r in rows),
         passes_per_token=_median_or_none(r.passes_per_token for r in rows),
+        draft_evals_per_pass=_median_or_none(r.draft_evals_per_pass for r in rows),
+        overhead_ms=_median_or_none(r.overhead_ms for r in rows),
         n_same=sum(r.same_as_target for r in rows),
         n_prompts=len(rows),
     )
@@ -492,6 +524,8 @@ def run_bench(
     modes = _checked_modes(modes, has_draft=draft is not None)
     threads = threads or default_threads()
     engine = load(target, draft, n_ctx=n_ctx, threads=threads)
+    if "auto" in modes:
+        engine.profile_if_missing()  # as `edgespec run` does on first use
     prompt_tokens = {p.name: engine.prompt_tokens(p.text) for p in prompts}
     for p in prompts:
         # Llama stops with an error when its cache is full; a draft may overshoot by its length.

@@ -45,6 +45,8 @@ class Settings:
     mode: str | None = None
     threads: int | None = None
     draft_threads: int | None = None
+    target_cpus: str | None = None  # "0-3,6": pin the target's threads there
+    draft_cpus: str | None = None
     ctx_size: int = 2048
     max_tokens: int = 256
     temp: float = 0.0

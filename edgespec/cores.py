@@ -13,10 +13,15 @@ import contextlib
 import os
 import re
 import threading
+from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from edgespec.errors import BadSettingError
+
+R = TypeVar("R")
 
 # "CPU part" ids from /proc/cpuinfo, ranked by speed: 0 little, 1 big, 2 prime.
 # fmt: off
@@ -139,6 +144,25 @@ def default_placement(layout: CoreLayout) -> Placement:
     return Placement(layout.big, layout.little, note)
 
 
+def plan_placement(
+    target_cpus: str | None = None,
+    draft_cpus: str | None = None,
+    layout: CoreLayout | None = None,
+    available: set[int] | None = None,
+) -> Placement:
+    """Where each model runs: the --target-cpus/--draft-cpus values where given (checked), the
+    detected default for the rest."""
+    available = available_cpus() if available is None else available
+    layout = detect_cores(allowed=available) if layout is None else layout
+    placement = default_placement(layout)
+    if target_cpus is None and draft_cpus is None:
+        return placement
+    target = parse_cpu_list(target_cpus, available) if target_cpus else placement.target_cpus
+    draft = parse_cpu_list(draft_cpus, available) if draft_cpus else placement.draft_cpus
+    note = f"target on CPUs {format_cpu_list(target)}, draft on CPUs {format_cpu_list(draft)}"
+    return Placement(target, draft, note + " (as asked)")
+
+
 def parse_cpu_list(text: str, available: set[int] | None = None) -> list[int]:
     """A --target-cpus/--draft-cpus value like "0-3,6", checked against the usable CPUs."""
     try:
@@ -175,3 +199,53 @@ def thread_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[int,
         if match := re.search(r"^Cpus_allowed_list:\s*(\S+)", text, re.MULTILINE):
             allowed[int(status.parent.name)] = match[1]
     return allowed
+
+
+class PinnedThread:
+    """A long-lived thread, pinned to some CPUs, that runs the calls handed to it.
+
+    llama.cpp's OpenMP workers belong to the thread that starts a parallel region and are born
+    with its affinity, so a model whose every decode runs on one pinned thread keeps all of its
+    threads on those CPUs, while another model decodes on other CPUs from its own thread.
+    """
+
+    def __init__(self, cpus: list[int], name: str):
+        self.cpus = cpus
+        self.native_id: int | None = None
+        self._executor = futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"edgespec-{name}", initializer=self._pin
+        )
+
+    def _pin(self) -> None:
+        self.native_id = threading.get_native_id()
+        pin_current_thread(self.cpus)
+
+    def call(self, fn: Callable[..., R], *args: object) -> R:
+        if threading.get_native_id() == self.native_id:  # already here (inside a submitted call)
+            return fn(*args)
+        future = self._executor.submit(fn, *args)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # Ctrl+C reaches only the main thread; the call runs on. Wait for it, so that nothing
+            # (such as clearing a cache) touches llama.cpp's state while it is still decoding.
+            futures.wait([future])
+            raise
+
+    def submit(self, fn: Callable[..., R], *args: object) -> futures.Future[R]:
+        """Start a call and return at once (the caller waits on the future)."""
+        return self._executor.submit(fn, *args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def threads_by_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[str, int]:
+    """How many of a process's threads may run on each CPU set: {"0-3": 5, "4-7": 2}.
+
+    This is read back from the kernel, so it shows where llama.cpp's workers really are.
+    """
+    counts: dict[str, int] = {}
+    for cpus in thread_cpus(pid, proc).values():
+        counts[cpus] = counts.get(cpus, 0) + 1
+    return dict(sorted(counts.items()))

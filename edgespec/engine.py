@@ -18,11 +18,25 @@ import numpy as np
 
 from . import chat
 from .backend import Context, Model
+from .cores import (
+    PinnedThread,
+    Placement,
+    available_cpus,
+    format_cpu_list,
+    plan_placement,
+    threads_by_cpus,
+)
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter
-from .policy import AutoPolicy, Calibrator, Costs, best_ngram_length, worth_drafting_on
-from .profile import DEFAULT_RELATIVE, load_profile, relative_cost
+from .policy import (
+    AutoPolicy,
+    Costs,
+    best_proposal_length,
+    expected_tokens,
+    worth_drafting_on,
+)
+from .profile import DEFAULT_RELATIVE, load_profile, quick_profile, relative_cost, save_profile
 from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
@@ -127,7 +141,7 @@ class _Run:
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     policy: AutoPolicy | None = None
-    policy_calibrator: Calibrator = field(default_factory=Calibrator)
+    draft_step_s: float = 0.0  # one draft evaluation in the last drafted chain, catching up aside
 
 
 class Engine:
@@ -141,21 +155,32 @@ class Engine:
         n_ctx: int = 2048,
         threads: int | None = None,
         draft_threads: int | None = None,
+        placement: Placement | None = None,
     ):
         if n_ctx < 16:
             raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
-        threads = threads or default_threads()
-        draft_threads = draft_threads or threads
+        self.placement = placement or plan_placement()
+        threads = threads or len(self.placement.target_cpus)
+        draft_threads = draft_threads or len(self.placement.draft_cpus)
         if threads < 1 or draft_threads < 1:
             raise BadSettingError("--threads and --draft-threads must be at least 1")
+        self.threads, self.draft_threads = threads, draft_threads
         self.target = target
         self.draft = draft
-        self.target_ctx = Context(target, n_ctx=n_ctx, n_threads=threads, n_seq_max=N_SEQ_MAX)
-        self.draft_ctx = (
-            Context(draft, n_ctx=n_ctx, n_threads=draft_threads, n_seq_max=N_SEQ_MAX)
-            if draft
-            else None
+        self._pinned = [
+            PinnedThread(cpus, name) if set(cpus) != available_cpus() else None
+            for cpus, name in ((self.placement.target_cpus, "target"),
+                               (self.placement.draft_cpus, "draft"))
+        ]  # fmt: skip
+        self.target_ctx = Context(
+            target, n_ctx=n_ctx, n_threads=threads, n_seq_max=N_SEQ_MAX, pinned=self._pinned[0]
         )
+        self.draft_ctx: Context | None = None
+        if draft:
+            self.draft_ctx = Context(
+                draft, n_ctx=n_ctx, n_threads=draft_threads, n_seq_max=N_SEQ_MAX,
+                pinned=self._pinned[1],
+            )  # fmt: skip
         self.n_ctx = self.target_ctx.n_ctx
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []
@@ -164,10 +189,41 @@ class Engine:
         self._probs = np.empty(draft.n_vocab if draft else 0, dtype=np.float32)
         self._q_rows = np.empty((0, self._probs.size), dtype=np.float32)
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
-        self.profile = load_profile(target.path, threads)
+        self.profile = load_profile(
+            target.path, threads, format_cpu_list(self.placement.target_cpus)
+        )
+        # The draft's step time, if `edgespec profile` measured it: auto mode can then tell
+        # whether drafting can pay here before trying it.
+        self.draft_profile = (
+            load_profile(draft.path, draft_threads, format_cpu_list(self.placement.draft_cpus))
+            if draft
+            else None
+        )
         self.relative_cost: Callable[[int], float] = (
             self.profile.relative if self.profile else lambda k: relative_cost(DEFAULT_RELATIVE, k)
         )
+
+    def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
+        """Measure and save a quick device profile (a few seconds) of each model that has none,
+        so that auto mode plans with this device's costs from its first round."""
+        roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
+        if self.draft_ctx is not None:
+            roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
+        for role, ctx, n_threads, cpus in roles:
+            # Looked up again: a draft that is the target's file was profiled just before.
+            measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
+            if measured is None:
+                say(
+                    f"measuring how fast this device runs {ctx.model.path.name} (first use, a "
+                    "few seconds; `edgespec profile` measures in full)"
+                )
+                measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
+                save_profile(measured)
+                self.forget_caches()  # the measurement cleared this context
+            if role == "target":
+                self.profile, self.relative_cost = measured, measured.relative
+            else:
+                self.draft_profile = measured
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_tokens(
@@ -243,17 +299,22 @@ class Engine:
         reused = self._reuse(self.target_ctx, "_target_cache", prefix)
         stats.n_prompt_eval = len(prefix) - reused + 1
         run.target_cached = len(prefix)
-        if self.draft_ctx and cfg.mode in ("chain", "tree", "auto"):
+        if self.draft_ctx and cfg.mode in ("chain", "tree"):
             self._reuse(self.draft_ctx, "_draft_cache", prefix)
             run.draft_cached = len(prefix)
+        elif self.draft_ctx and cfg.mode == "auto":  # the draft catches up if and when it is used
+            run.draft_cached = self._reuse(self.draft_ctx, "_draft_cache", prefix, evaluate=False)
         stats.prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
+        native_before = self._native_s()
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
         run.alpha = cfg.alpha0
         if cfg.mode == "auto":
             arms = ("chain", "tree") if self.draft else ()
             run.policy = AutoPolicy(Costs(self.relative_cost), arms)
+            if self.draft_profile:  # else the first model round measures it
+                run.policy.costs.draft_s.update(self.draft_profile.step_s)
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain,
@@ -274,14 +335,19 @@ class Engine:
                 stats.decode_s = time.perf_counter() - t_decode
         finally:
             stats.decode_s = time.perf_counter() - t_decode
+            stats.native_s = self._native_s() - native_before
             if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
                 self.forget_caches()
             else:
                 self._trim_caches(run)
 
-    def _reuse(self, ctx: Context, attr: str, prefix: list[int]) -> int:
-        """Keep the longest cached start of `prefix` in sequence 0, evaluate the rest; returns
-        how many tokens were already there."""
+    def _native_s(self) -> float:
+        """Seconds both contexts have spent inside llama.cpp's decode so far."""
+        return self.target_ctx.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0)
+
+    def _reuse(self, ctx: Context, attr: str, prefix: list[int], evaluate: bool = True) -> int:
+        """Keep the longest cached start of `prefix` in sequence 0 and evaluate the rest (unless
+        not `evaluate`); returns how many tokens were already there."""
         cached: list[int] = getattr(self, attr)
         keep = 0
         limit = min(len(cached), len(prefix))
@@ -289,7 +355,9 @@ class Engine:
             keep += 1
         ctx.seq_rm(0, keep)
         setattr(self, attr, [])  # unknown until the evaluation below completes
-        if keep < len(prefix):
+        if not evaluate:
+            prefix = prefix[:keep]
+        elif keep < len(prefix):
             ctx.decode(prefix[keep:], keep, logits="none")
         setattr(self, attr, list(prefix))
         return keep
@@ -338,8 +406,13 @@ class Engine:
         if k <= 0:
             return proposed, confidences
         q_rows = self._draft_rows(k) if not params.greedy else self._q_rows
-        t0 = time.perf_counter()
+        t_start = time.perf_counter()
         feed, pos = run.tokens[run.draft_cached :], run.draft_cached
+        if len(feed) > 1:  # tokens decided without the draft (auto's plain rounds): one batch
+            draft_ctx.decode(feed[:-1], pos, logits="none")
+            pos += len(feed) - 1
+            feed = feed[-1:]
+        t_steps = time.perf_counter()
         for i in range(k):
             row = draft_ctx.decode(feed, pos)[-1]
             pos += len(feed)
@@ -356,8 +429,11 @@ class Engine:
                 break
             feed = [token]
         run.draft_cached = pos
-        run.stats.draft_s += time.perf_counter() - t0
+        t_end = time.perf_counter()
+        run.stats.draft_s += t_end - t_start
         run.stats.draft_evals += len(proposed)
+        if proposed:
+            run.draft_step_s = (t_end - t_steps) / len(proposed)
         return proposed, confidences
 
     def _verify_chain(self, run: _Run, proposed: list[int], from_draft: bool) -> list[int]:
@@ -409,7 +485,7 @@ class Engine:
         k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
         proposal = run.ngram.propose(run.tokens, max(k, 0))
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
-        run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1)
+        run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1, proposal.streak)
         return decided
 
     def _round_auto(self, run: _Run, room: int) -> list[int]:
@@ -422,19 +498,23 @@ class Engine:
             costs.step_s.update(time.perf_counter() - t0)
             return decided
         proposal = run.ngram.propose(run.tokens, max(limit, 0))
-        ngram_rate = None
+        ngram_rate, full_proposal = None, proposal.tokens
         if proposal.tokens:
-            length, ngram_rate = best_ngram_length(
-                lambda n: run.ngram.expected_accepted(proposal.ngram, n),
+            length, ngram_rate = best_proposal_length(
+                lambda n: run.ngram.expected_accepted(proposal.ngram, n, proposal.streak),
                 len(proposal.tokens),
                 costs,
             )
             proposal.tokens = proposal.tokens[:length]
         choice = policy.choose(ngram_rate)
         run.stats.record_choice(choice)
+        if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
+            run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
         if choice == "ngram":
             decided = self._verify_chain(run, proposal.tokens, from_draft=False)
-            run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1)
+            if not run.sampling.greedy:
+                accepted = len(decided) - 1
+                run.ngram.record(proposal.ngram, len(proposal.tokens), accepted, proposal.streak)
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":
@@ -450,7 +530,7 @@ class Engine:
     def _auto_chain(self, run: _Run, limit: int) -> list[int]:
         """A model chain whose length is decided token by token: draft on while one more token
         raises the expected rate, judged from the calibrated confidences and measured costs."""
-        calibrator, costs = run.policy_calibrator, run.policy.costs
+        calibrator, costs = run.policy.calibrator, run.policy.costs
         accept_probs: list[float] = []
 
         def keep_going(confidences: list[float]) -> bool:
@@ -459,15 +539,18 @@ class Engine:
                 return len(accept_probs) < 2  # first use: a short chain to measure the draft
             return worth_drafting_on(accept_probs, accept_probs[-1], costs)
 
-        t0 = time.perf_counter()
-        evals_before = run.stats.draft_evals
         proposed, confidences = self._draft_chain(run, limit, keep_going)
-        evals = run.stats.draft_evals - evals_before
-        if evals:
-            costs.draft_s.update((time.perf_counter() - t0) / evals)
+        if proposed:
+            costs.draft_s.update(run.draft_step_s)
+        if costs.draft_s.value is not None and len(accept_probs) == len(proposed):
+            # The drafting is paid for; verify only as far as the tokens pay for their pass.
+            keep, _ = best_proposal_length(
+                lambda n: expected_tokens(accept_probs[:n]) - 1, len(proposed), costs
+            )
+            proposed = proposed[:keep]
         decided = self._verify_chain(run, proposed, from_draft=True)
         n_ok = len(decided) - 1
-        for i, confidence in enumerate(confidences[: n_ok + 1]):
+        for i, confidence in enumerate(confidences[: min(n_ok + 1, len(proposed))]):
             calibrator.record(confidence, i < n_ok)
         return decided
 
@@ -603,7 +686,11 @@ class Stream:
     def __init__(self, engine: Engine, prompt_tokens: list[int], cfg: GenerationConfig):
         self.engine = engine
         self.cfg = cfg
-        self.stats = Stats(mode=cfg.mode or "target", n_prompt_tokens=len(prompt_tokens))
+        self.stats = Stats(
+            mode=cfg.mode or "target",
+            n_prompt_tokens=len(prompt_tokens),
+            placement=engine.placement.note,
+        )
         if cfg.mode in ("tree", "auto"):
             self.stats.tree = TreeStats()
         self.run = _Run(
@@ -637,6 +724,7 @@ class Stream:
             rounds.close()
             self.stats.n_generated = len(run.generated)
             self.stats.finish(self._reason or "context")
+            self.stats.threads_by_cpus = threads_by_cpus()
             self.result = Result("".join(self._text), list(run.generated), self.stats)
 
     def _commit(self, token: int) -> str:
@@ -673,12 +761,19 @@ def load(
     n_ctx: int = 2048,
     threads: int | None = None,
     draft_threads: int | None = None,
+    target_cpus: str | None = None,
+    draft_cpus: str | None = None,
     verbose: bool = False,
 ) -> Engine:
-    """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing."""
+    """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
+
+    `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
+    gets the big cores and the draft the little ones, and on uniform cores both use all of them.
+    """
     from .backend import set_verbose
 
     set_verbose(verbose)
+    placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists fail before any loading
     target_info = read_gguf(target)
     draft_info = read_gguf(draft) if draft is not None else None
     if draft_info is not None:  # metadata first: a mismatch is reported before loading anything
@@ -689,7 +784,12 @@ def load(
         draft_model = Model(draft, draft_info)
         check_pair(draft_info, target_info, lambda: _same_token_texts(draft_model, target_model))
     return Engine(
-        target_model, draft_model, n_ctx=n_ctx, threads=threads, draft_threads=draft_threads
+        target_model,
+        draft_model,
+        n_ctx=n_ctx,
+        threads=threads,
+        draft_threads=draft_threads,
+        placement=placement,
     )
 
 

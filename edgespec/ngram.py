@@ -21,6 +21,7 @@ PRIOR_STRENGTH = 4.0
 MEMORY = 200.0
 # Positions past this share the last position's statistics: long proposals are rare.
 TRACKED_POSITIONS = 16
+MAX_WATCHED = 16  # proposals waiting for the tokens that judge them
 
 
 @dataclass
@@ -28,6 +29,9 @@ class Proposal:
     tokens: list[int]  # empty when nothing matched
     ngram: int  # length of the suffix match, 0 when nothing matched
     confidence: float  # estimated probability that the first token is accepted
+    # Whether the last proposal judged before this one was right in full: inside a copied span,
+    # proposals keep being right, so the two cases are estimated apart.
+    streak: bool = False
 
 
 def prior_first(ngram: int) -> float:
@@ -49,13 +53,16 @@ class NgramDrafter:
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest end
         self._indexed = 0  # history length the index covers
         self._last_token: int | None = None  # tokens[_indexed - 1], to notice a rewritten history
-        # Beta(accepted, rejected) counts per (match length, position in proposal).
+        self._watched: list[tuple[Proposal, int]] = []  # see watch()
+        self._streak = False  # the last judged proposal was right in full
+        # Beta(accepted, rejected) counts per (match length, streak, position in proposal).
         self._stats = {
-            n: [
+            (n, streak): [
                 [PRIOR_STRENGTH * p, PRIOR_STRENGTH * (1.0 - p)]
                 for p in [prior_first(n)] + [prior_next(n)] * (TRACKED_POSITIONS - 1)
             ]
             for n in range(min_ngram, max_ngram + 1)
+            for streak in (False, True)
         }
 
     def reset(self) -> None:
@@ -63,6 +70,28 @@ class NgramDrafter:
         self.index.clear()
         self._indexed = 0
         self._last_token = None
+        self._watched.clear()
+
+    def watch(self, proposal: Proposal, start: int) -> None:
+        """Learn from a whole proposal by comparing it with the tokens decided at positions
+        `start`... as they come: under greedy decoding, exactly what verifying it would have
+        accepted. Verifying only the part worth its cost would teach nothing about the rest, and
+        a proposal not verified at all nothing: the estimates could never grow."""
+        if proposal.tokens and proposal.ngram > 0 and len(self._watched) < MAX_WATCHED:
+            self._watched.append((proposal, start))
+
+    def _settle_watched(self, tokens: Sequence[int]) -> None:
+        pending = []
+        for proposal, start in self._watched:
+            decided = tokens[start : start + len(proposal.tokens)]
+            matched = 0
+            while matched < len(decided) and int(decided[matched]) == proposal.tokens[matched]:
+                matched += 1
+            if matched < len(decided) or len(decided) == len(proposal.tokens):  # judged
+                self.record(proposal.ngram, len(proposal.tokens), matched, proposal.streak)
+            else:
+                pending.append((proposal, start))
+        self._watched = pending
 
     def update(self, tokens: Sequence[int]) -> None:
         """Index the positions appended since the last call.
@@ -85,6 +114,7 @@ class NgramDrafter:
     def propose(self, tokens: Sequence[int], max_len: int) -> Proposal:
         """Up to max_len tokens that followed the longest, then most recent, match of the suffix."""
         self.update(tokens)
+        self._settle_watched(tokens)
         n_tokens = len(tokens)
         if max_len <= 0:
             return Proposal([], 0, 0.0)
@@ -92,34 +122,36 @@ class NgramDrafter:
             start = self.index.get(tuple(map(int, tokens[n_tokens - n :])))
             if start is not None:
                 continuation = [int(t) for t in tokens[start : min(start + max_len, n_tokens)]]
-                return Proposal(continuation, n, self.confidence(n))
+                streak = self._streak
+                return Proposal(continuation, n, self.confidence(n, streak), streak)
         return Proposal([], 0, 0.0)
 
-    def _position_stats(self, ngram: int) -> list[list[float]]:
-        return self._stats[min(max(ngram, self.min_ngram), self.max_ngram)]
+    def _position_stats(self, ngram: int, streak: bool) -> list[list[float]]:
+        return self._stats[min(max(ngram, self.min_ngram), self.max_ngram), streak]
 
-    def acceptance(self, ngram: int, position: int) -> float:
+    def acceptance(self, ngram: int, position: int, streak: bool = False) -> float:
         """P(token `position` is accepted | all before it were), for a match of length ngram."""
-        accepted, rejected = self._position_stats(ngram)[min(position, TRACKED_POSITIONS - 1)]
-        return accepted / (accepted + rejected)
+        counts = self._position_stats(ngram, streak)[min(position, TRACKED_POSITIONS - 1)]
+        return counts[0] / (counts[0] + counts[1])
 
-    def confidence(self, ngram: int) -> float:
+    def confidence(self, ngram: int, streak: bool = False) -> float:
         """Estimated probability that the first token of a proposal with this match is accepted."""
-        return self.acceptance(ngram, 0)
+        return self.acceptance(ngram, 0, streak)
 
-    def expected_accepted(self, ngram: int, length: int) -> float:
+    def expected_accepted(self, ngram: int, length: int, streak: bool = False) -> float:
         """Expected accepted tokens when verifying `length` tokens: Σ_i P(first i all accepted)."""
         expected, all_accepted = 0.0, 1.0
         for position in range(length):
-            all_accepted *= self.acceptance(ngram, position)
+            all_accepted *= self.acceptance(ngram, position, streak)
             expected += all_accepted
         return expected
 
-    def record(self, ngram: int, proposed: int, accepted: int) -> None:
+    def record(self, ngram: int, proposed: int, accepted: int, streak: bool = False) -> None:
         """Learn from a verified proposal whose first `accepted` of `proposed` tokens were kept."""
         if ngram <= 0 or proposed <= 0:
             return
-        stats = self._position_stats(ngram)
+        self._streak = accepted == proposed
+        stats = self._position_stats(ngram, streak)
         # Positions after the first rejection were never judged on their own: no evidence there.
         for position in range(min(accepted + 1, proposed)):
             counts = stats[min(position, TRACKED_POSITIONS - 1)]

@@ -13,6 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
+# Model drafts are tried only where their ceiling (a best case: every chain at the length that
+# suits the device, every token as sure as the surest) beats plain decoding by this much; real
+# chains reach a fraction of it, and a first try costs catching the draft up on the text.
+CEILING_MARGIN = 1.10
 
 
 @dataclass
@@ -105,11 +109,25 @@ def worth_drafting_on(
     return False
 
 
-def best_ngram_length(
+def model_draft_ceiling(best_accept: float, costs: Costs, max_len: int = 32) -> float:
+    """The best speed-up over plain decoding a model chain could reach here if every draft token
+    were as likely to be accepted as the draft's most confident ones: the device's curve and the
+    draft's cost decide it before a single draft is tried."""
+    assert costs.step_s.value is not None and costs.draft_s.value is not None
+    c_d = costs.draft_s.value / costs.step_s.value
+    return max(
+        expected_tokens([best_accept] * k) / (k * c_d + costs.relative(k + 1))
+        for k in range(1, max_len + 1)
+    )
+
+
+def best_proposal_length(
     expected_accepted: Callable[[int], float], max_len: int, costs: Costs
 ) -> tuple[int, float]:
-    """The proposal length with the best expected tokens per second, and that rate; length 0
-    is a plain step. n-gram drafts cost nothing to make, only to verify."""
+    """How many proposed tokens to verify for the best expected tokens per second, and that
+    rate; length 0 is a plain step. For proposals already paid for: n-gram drafts, which cost
+    nothing to make, or model drafts once drafted (verifying a weak tail costs more than it
+    yields)."""
     best_len, best_rate = 0, 1.0 / costs.verify_s(1)
     for length in range(1, max_len + 1):
         rate = (1.0 + expected_accepted(length)) / costs.verify_s(length + 1)
@@ -131,16 +149,29 @@ class Arm:
 class AutoPolicy:
     """Each round: n-gram proposal if one promises more than a plain step, else the model arm
     that has measured best if it beats plain decoding, else a plain step — with an occasional
-    probe of a losing arm, so a change of text (or of machine load) is noticed."""
+    probe of a losing arm, so a change of text (or of machine load) is noticed. Model arms are
+    not tried at all where the device's costs say they cannot pay even at their best."""
 
     MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
 
     def __init__(self, costs: Costs, model_arms: Sequence[str] = ()):
         self.costs = costs
         self.arms = [Arm(name) for name in model_arms]
+        self.calibrator = Calibrator()
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)
+
+    def model_ceiling(self) -> float | None:
+        """`model_draft_ceiling` at the calibrated acceptance of the draft's surest tokens; None
+        while the draft's cost is unknown."""
+        if self.costs.draft_s.value is None:
+            return None
+        return model_draft_ceiling(self.calibrator.predict(1.0), self.costs)
+
+    def models_can_pay(self) -> bool:
+        ceiling = self.model_ceiling()
+        return ceiling is None or ceiling > CEILING_MARGIN
 
     def choose(self, ngram_rate: float | None) -> str:
         """ "plain", "ngram" or a model arm's name. Call once per round, after a plain step has
@@ -150,6 +181,8 @@ class AutoPolicy:
             arm.since_try += 1
         if ngram_rate is not None and ngram_rate > plain * MARGIN:
             return "ngram"
+        if not self.models_can_pay():  # not even at its best: drafting would only cost time
+            return "plain"
         untried = [a for a in self.arms if a.rate.value is None]
         if untried:
             return untried[0].name

@@ -13,19 +13,19 @@ import os
 import random
 import re
 import statistics
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from .backend import Context, Model
 from .catalogue import home
+from .cores import PinnedThread, available_cpus, format_cpu_list, parse_cpu_list
 from .errors import BadSettingError
 
 FULL_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
@@ -173,34 +173,7 @@ class DeviceProfile:
 
 def current_cpus() -> str:
     """The CPUs this thread may run on, as a list of ranges ("0-3,6")."""
-    try:
-        return format_cpus(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux: no affinity, all CPUs
-        return format_cpus(range(os.cpu_count() or 1))
-
-
-def format_cpus(cpus: Sequence[int] | set[int] | range) -> str:
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
-
-
-def parse_cpus(text: str) -> set[int]:
-    """Read a CPU list: "0-3,6" is {0, 1, 2, 3, 6}."""
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise BadSettingError(f"not a CPU list like 0-3,6: {text!r}") from None
-    if not cpus:
-        raise BadSettingError(f"empty CPU list: {text!r}")
-    return cpus
+    return format_cpu_list(sorted(available_cpus()))
 
 
 def profiles_dir() -> Path:
@@ -303,9 +276,9 @@ def profile_model(
     affinity is left alone."""
     if n_threads < 1:
         raise BadSettingError("--threads must be at least 1")
-    pinned = parse_cpus(cpus) if cpus is not None else None
+    pinned = parse_cpu_list(cpus) if cpus is not None else None
     if pinned is not None:
-        cpus = format_cpus(pinned)  # the canonical spelling, so that the key finds it again
+        cpus = format_cpu_list(pinned)  # the canonical spelling, so that the key finds it again
 
     def measure() -> DeviceProfile:
         ctx = Context(Model(model_path), n_ctx=n_ctx, n_threads=n_threads)
@@ -316,30 +289,10 @@ def profile_model(
         finally:
             ctx.close()
 
-    return measure() if pinned is None else _run_pinned(pinned, measure)
-
-
-T = TypeVar("T")
-
-
-def _run_pinned(cpus: set[int], work: Callable[[], T]) -> T:
-    """Run `work` on a new thread allowed only on `cpus`; return its result or raise its error."""
-    outcome: list[T] = []
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            try:
-                os.sched_setaffinity(0, cpus)  # 0: the calling thread, not the whole process
-            except OSError as e:
-                raise BadSettingError(f"cannot run on CPUs {format_cpus(cpus)}: {e}") from None
-            outcome.append(work())
-        except BaseException as e:
-            failure.append(e)
-
-    thread = threading.Thread(target=target, name="edgespec-profile")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return outcome[0]
+    if pinned is None:
+        return measure()
+    runner = PinnedThread(pinned, "profile")
+    try:
+        return runner.call(measure)
+    finally:
+        runner.close()

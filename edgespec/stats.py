@@ -59,6 +59,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time spent in the draft model during decoding
+    native_s: float = 0.0  # time inside llama.cpp's decode (both models) during decoding
     target_passes: int = 0  # target decode calls after prefill (verifications, or plain steps)
     draft_evals: int = 0  # draft model evaluations (one token each) spent on proposals
     draft_tokens: int = 0  # tokens proposed for verification
@@ -69,6 +70,10 @@ class Stats:
     peak_rss_mb: float = 0.0
     tree: TreeStats | None = None
     choices: dict[str, int] = field(default_factory=dict)  # mode "auto": rounds per choice
+    placement: str = ""  # where the target and the draft were to run
+    # Read back from the kernel when generation ended: how many of the process's threads may
+    # run on each CPU set ({"0-3": 5, "4-7": 2}), i.e. where llama.cpp's workers really are.
+    threads_by_cpus: dict[str, int] = field(default_factory=dict)
 
     def record_choice(self, choice: str) -> None:
         self.choices[choice] = self.choices.get(choice, 0) + 1
@@ -76,6 +81,13 @@ class Stats:
     @property
     def tokens_per_s(self) -> float:
         return self.n_generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def overhead_ms_per_pass(self) -> float:
+        """Our own (Python) time per target pass: decoding time not spent inside llama.cpp."""
+        if not self.target_passes:
+            return 0.0
+        return max(self.decode_s - self.native_s, 0.0) * 1000 / self.target_passes
 
     @property
     def acceptance_rate(self) -> float:
@@ -114,6 +126,8 @@ class Stats:
             prefill_s=round(self.prefill_s, 4),
             decode_s=round(self.decode_s, 4),
             draft_s=round(self.draft_s, 4),
+            native_s=round(self.native_s, 4),
+            overhead_ms_per_pass=round(self.overhead_ms_per_pass, 3),
             peak_rss_mb=round(self.peak_rss_mb, 1),
         )
         return out

@@ -7,6 +7,7 @@ disagree with the target often enough to exercise rejections.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,19 @@ from edgespec import catalogue
 
 SMOL = "smollm2-135m"
 N_CTX = 1024
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory) -> Iterator[Path]:
+    """An EDGESPEC_HOME of the test session's own (no profiles or config of the developer's
+    leak in, none leak out), sharing the real home's downloaded models."""
+    models = catalogue.models_dir()
+    models.mkdir(parents=True, exist_ok=True)
+    home = tmp_path_factory.mktemp("edgespec-home")
+    (home / "models").symlink_to(models, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EDGESPEC_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(scope="session")

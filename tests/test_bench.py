@@ -55,7 +55,7 @@ def report(smol_path, smol_q4_0, tiny_suite, progress_steps) -> BenchReport:
     return run_bench(
         smol_path,
         smol_q4_0,
-        available_modes(has_draft=True),
+        [*available_modes(has_draft=True), "chain:2"],
         load_prompts(tiny_suite),
         repeats=1,
         threads=1,
@@ -65,7 +65,7 @@ def report(smol_path, smol_q4_0, tiny_suite, progress_steps) -> BenchReport:
 
 
 def test_every_mode_gives_a_positive_speed_on_every_prompt(report):
-    assert report.modes == available_modes(has_draft=True)
+    assert report.modes == [*available_modes(has_draft=True), "chain:2"]
     assert report.modes[0] == BASELINE and set(LLAMA_MODES) <= set(report.modes)
     for mode in report.modes:
         for prompt in ("add", "sky"):
@@ -102,6 +102,20 @@ def test_speculative_modes_report_acceptance(report):
         row = report.row("chain", prompt)
         assert row.acceptance is not None and 0 <= row.acceptance <= 1
         assert row.passes_per_token is not None and row.passes_per_token <= 1
+
+
+def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
+    for prompt in ("add", "sky"):
+        short, default = report.row("chain:2", prompt), report.row("chain", prompt)
+        assert short.draft_evals_per_pass is not None and short.draft_evals_per_pass <= 2
+        assert default.draft_evals_per_pass is not None and default.draft_evals_per_pass > 2
+        assert short.overhead_ms is not None and short.overhead_ms > 0
+
+
+def test_a_size_on_a_mode_without_one_is_refused(smol_path, tiny_suite):
+    for bad in ("target:4", "chain:0", "chain:x"):
+        with pytest.raises(BadSettingError, match="bad mode"):
+            run_bench(smol_path, smol_path, [bad], load_prompts(tiny_suite))
 
 
 def test_each_class_summarises_every_mode_over_its_prompts(report):

@@ -48,6 +48,13 @@ def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, s
     assert len(obj["tokens"]) == obj["stats"]["n_generated"] <= 10
 
 
+def test_verbose_run_reports_placement_and_where_threads_run(capsys, smol_path):
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "-n", "4", "--verbose", "Hi")
+    assert code == 0
+    assert "placement: uniform cores" in err or "placement: target on" in err
+    assert "threads: " in err and "on CPUs" in err
+
+
 def test_run_with_only_a_target_needs_no_draft(capsys, smol_path):
     code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "Hi")
     stats = json.loads(out)["stats"]
@@ -127,6 +134,8 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--mode", "warp"], "--mode"),
         (["-c", "4"], "--ctx-size"),
         (["--no-such-flag"], "no-such-flag"),
+        (["--target-cpus", "9999"], "not available"),
+        (["--draft-cpus", "1-x"], "bad CPU list"),
     ],
 )
 def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
@@ -144,11 +153,13 @@ def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     one_line_error(code, err, "context")
 
 
-def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path):
+# Pinned: decoding runs on the models' own threads, which Ctrl+C does not reach.
+@pytest.mark.parametrize("placement", [[], ["--target-cpus", "0", "--draft-cpus", "0"]])
+def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "--draft",
-         str(smol_path), "-n", "2000", "-c", "4096", "--raw", "Once upon a time"],
+         str(smol_path), "-n", "2000", "-c", "4096", "--raw", *placement, "Once upon a time"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )  # fmt: skip
     assert proc.stdout is not None

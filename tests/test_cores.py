@@ -10,12 +10,15 @@ import pytest
 
 from edgespec.cores import (
     CoreLayout,
+    PinnedThread,
     default_placement,
     detect_cores,
     format_cpu_list,
     parse_cpu_list,
     pin_current_thread,
+    plan_placement,
     thread_cpus,
+    threads_by_cpus,
 )
 from edgespec.errors import BadSettingError
 
@@ -182,3 +185,53 @@ def test_a_pinned_thread_is_reported_on_its_cpus():
     finally:
         release.set()
         thread.join()
+
+
+PHONE = CoreLayout(big=[4, 5, 6, 7], little=[0, 1, 2, 3], uniform=False, source="cpu_capacity")
+UNIFORM = CoreLayout(big=[0, 1, 2, 3], little=[], uniform=True, source="none")
+
+
+def test_placement_defaults_to_detected_tiers_and_takes_the_flags_where_given():
+    default = plan_placement(layout=PHONE, available=EIGHT)
+    assert (default.target_cpus, default.draft_cpus) == ([4, 5, 6, 7], [0, 1, 2, 3])
+    only_target = plan_placement("6-7", layout=PHONE, available=EIGHT)
+    assert (only_target.target_cpus, only_target.draft_cpus) == ([6, 7], [0, 1, 2, 3])
+    both = plan_placement("0-5", "6,7", layout=PHONE, available=EIGHT)
+    assert (both.target_cpus, both.draft_cpus) == ([0, 1, 2, 3, 4, 5], [6, 7])
+    assert "as asked" in both.note
+
+
+def test_placement_on_uniform_cores_shares_all_of_them_and_says_so():
+    placement = plan_placement(layout=UNIFORM, available={0, 1, 2, 3})
+    assert placement.target_cpus == placement.draft_cpus == [0, 1, 2, 3]
+    assert "uniform" in placement.note
+
+
+def test_placement_rejects_cpus_that_are_not_usable():
+    with pytest.raises(BadSettingError, match="not available"):
+        plan_placement("0-3", "8", layout=PHONE, available=EIGHT)
+    with pytest.raises(BadSettingError, match="bad CPU list"):
+        plan_placement(draft_cpus="3-1", layout=PHONE, available=EIGHT)
+
+
+def test_a_pinned_thread_runs_calls_on_its_cpus_and_passes_errors_back():
+    cpu = max(os.sched_getaffinity(0))
+    runner = PinnedThread([cpu], "test")
+    try:
+        assert runner.call(os.sched_getaffinity, 0) == {cpu}
+        assert runner.call(threading.get_native_id) == runner.native_id
+        assert runner.native_id != threading.get_native_id()
+        with pytest.raises(ZeroDivisionError):
+            runner.call(divmod, 1, 0)
+        assert threads_by_cpus().get(str(cpu), 0) >= 1
+    finally:
+        runner.close()
+
+
+def test_a_call_made_from_the_pinned_thread_itself_runs_there_without_waiting_on_itself():
+    runner = PinnedThread(sorted(os.sched_getaffinity(0)), "test")
+    try:
+        inner = runner.submit(runner.call, threading.get_native_id).result(timeout=5)
+        assert inner == runner.native_id
+    finally:
+        runner.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -204,3 +206,23 @@ def test_a_prompt_that_extends_the_last_one_evaluates_only_its_new_tokens(self_d
     fresh = engine.generate(second_prompt, max_tokens=20, mode="chain")
     assert fresh.stats.n_prompt_eval == len(second_prompt)
     assert_same_or_near_tie(engine, second_prompt, fresh.tokens, second.tokens)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_each_model_decodes_on_its_own_cpus_and_the_output_is_unchanged(smol_path, plain_engine):
+    import edgespec
+
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    engine = edgespec.load(
+        smol_path, smol_path, n_ctx=256, threads=2, draft_threads=1,
+        target_cpus=str(last), draft_cpus=str(first),
+    )  # fmt: skip
+    spec = greedy(engine, PROMPTS[3], "chain", n=24)
+    plain = greedy(plain_engine, PROMPTS[3], "target", n=24)
+    prompt_tokens = plain_engine.prompt_tokens(PROMPTS[3])
+    assert_same_or_near_tie(plain_engine, prompt_tokens, plain.tokens, spec.tokens)
+    # Read back from the kernel: the target's pinned thread and its OpenMP worker sit on `last`,
+    # the draft's single thread on `first`.
+    assert spec.stats.threads_by_cpus.get(str(last), 0) >= 2
+    assert spec.stats.threads_by_cpus.get(str(first), 0) >= 1
+    assert f"target on CPUs {last}, draft on CPUs {first}" in spec.stats.placement

@@ -136,3 +136,40 @@ def test_auto_decodes_plainly_when_the_draft_costs_as_much_as_the_target(self_dr
     stats = self_draft_engine.generate(PROMPTS[0], max_tokens=120, mode="auto").stats
     drafted = stats.choices.get("chain", 0) + stats.choices.get("tree", 0)
     assert stats.choices.get("plain", 0) > 3 * drafted
+
+
+def flat_device(engine, draft_step_s: float) -> None:
+    """Tell an engine it runs on a device where batches are nearly free and its draft costs
+    `draft_step_s` a step: what a stored profile would say."""
+    from edgespec.profile import DeviceProfile
+
+    engine.relative_cost = lambda k: 1 + 0.02 * (k - 1)
+    engine.draft_profile = DeviceProfile(
+        model_file="draft.gguf", model_size=1, n_threads=1, cpus="0",
+        ks=[1], seconds=[draft_step_s], measured_at="2026-11-22T00:00:00+00:00",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])
+def test_auto_drafting_with_the_model_after_plain_rounds_still_equals_plain(
+    smol_path, smol_q2_k, plain_engine, prompt
+):
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    flat_device(engine, draft_step_s=1e-4)  # a draft this cheap is worth trying
+    spec = check_greedy(plain_engine, engine, prompt, "auto", n=80)
+    if prompt != COPY_PROMPT:  # where copying pays, n-gram drafts may win every round
+        assert spec.stats.draft_evals > 0 and spec.stats.choices.get("chain", 0) > 0
+
+
+def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_path, n_ctx=1024)
+    flat_device(engine, draft_step_s=10.0)  # ten seconds a token: can never pay
+    engine.relative_cost = lambda k: float(k)  # and a verification as dear as k steps
+    draft_time = engine.draft_ctx.decode_s
+    spec = check_greedy(plain_engine, engine, PROMPTS[0], "auto", n=40)
+    assert spec.stats.draft_evals == 0 and set(spec.stats.choices) <= {"plain", "ngram"}
+    assert engine.draft_ctx.decode_s == draft_time  # not even the prompt was evaluated by it

@@ -149,5 +149,31 @@ def test_a_proposal_carries_the_confidence_of_its_match_length():
     for _ in range(10):
         drafter.record(ngram=2, proposed=3, accepted=3)
     proposal = drafter.propose([3, 4, 5, 0, 3, 4], max_len=2)
-    assert proposal.ngram == 2
-    assert proposal.confidence == drafter.confidence(2)
+    assert proposal.ngram == 2 and proposal.streak  # the last proposal was right in full
+    assert proposal.confidence == drafter.confidence(2, streak=True)
+
+
+def test_a_watched_proposal_is_judged_by_the_tokens_decided_after_it():
+    drafter, fresh = NgramDrafter(), NgramDrafter()
+    history = [5, 6, 7, 8, 9, 5, 6]
+    proposal = drafter.propose(history, max_len=3)
+    assert proposal.tokens == [7, 8, 9] and proposal.ngram == 2
+    drafter.watch(proposal, start=len(history))
+    drafter.propose([*history, 7], max_len=3)  # one token decided: right so far, not judged yet
+    assert drafter.acceptance(2, 0) == fresh.acceptance(2, 0)
+    drafter.propose([*history, 7, 8, 1], max_len=3)  # 7, 8 right, then 1 instead of 9
+    assert drafter.acceptance(2, 0) > fresh.acceptance(2, 0)
+    assert drafter.acceptance(2, 1) > fresh.acceptance(2, 1)
+    assert drafter.acceptance(2, 2) < fresh.acceptance(2, 2)
+
+
+def test_proposals_inside_a_copied_span_learn_apart_from_the_others():
+    drafter, fresh = NgramDrafter(), NgramDrafter()
+    for _ in range(20):
+        drafter.record(ngram=3, proposed=4, accepted=0, streak=False)
+        drafter.record(ngram=3, proposed=4, accepted=4, streak=True)
+    assert drafter.confidence(3, streak=True) > fresh.confidence(3) > drafter.confidence(3)
+    drafter.record(ngram=3, proposed=4, accepted=4)
+    assert drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
+    drafter.record(ngram=3, proposed=4, accepted=1)
+    assert not drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak

@@ -11,9 +11,10 @@ from edgespec.policy import (
     Calibrator,
     Costs,
     Ema,
-    best_ngram_length,
+    best_proposal_length,
     chain_rate,
     expected_tokens,
+    model_draft_ceiling,
     worth_drafting_on,
 )
 
@@ -27,7 +28,7 @@ def relative(k: int) -> float:
     return relative_cost(CPU_CURVE, k)
 
 
-def costs(step_s: float = 0.03, draft_s: float | None = 0.01) -> Costs:
+def costs(step_s: float = 0.03, draft_s: float | None = 0.005) -> Costs:
     c = Costs(relative)
     c.step_s.update(step_s)
     if draft_s is not None:
@@ -75,12 +76,12 @@ def test_a_draft_as_slow_as_the_target_never_beats_plain_decoding():
 
 
 def test_ngram_length_zero_when_proposals_are_rarely_right():
-    length, rate = best_ngram_length(lambda n: 0.05 * n, 8, costs())
+    length, rate = best_proposal_length(lambda n: 0.05 * n, 8, costs())
     assert length == 0 and rate == pytest.approx(1 / 0.03)
 
 
 def test_ngram_length_grows_with_expected_acceptance_and_uses_the_curve():
-    length, rate = best_ngram_length(lambda n: 0.95 * n, 15, costs())
+    length, rate = best_proposal_length(lambda n: 0.95 * n, 15, costs())
     assert length >= 7 and rate > 2 / 0.03  # a long, mostly right copy: more than 2x plain
 
 
@@ -128,3 +129,45 @@ def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
     chosen_chain = [c for c in chosen if c == "chain"]
     assert chosen_chain  # tried again within the next 20 rounds
     assert rounds <= AutoPolicy.MAX_PROBE_EVERY
+
+
+def test_a_drafted_chain_is_verified_only_as_far_as_its_tokens_pay_for_their_verification():
+    c = costs()  # drafting is paid for: only T(k) counts now
+    probs = [0.98, 0.97, 0.95, 0.1, 0.9]
+
+    def expected_accepted(n: int) -> float:
+        return expected_tokens(probs[:n]) - 1
+
+    length, _ = best_proposal_length(expected_accepted, len(probs), c)
+    assert length == 3  # the unlikely 4th token and everything after it are not worth verifying
+    unsure = [0.3, 0.9]
+    length, _ = best_proposal_length(lambda n: expected_tokens(unsure[:n]) - 1, 2, c)
+    assert length == 0  # a plain step instead
+
+
+def test_the_model_ceiling_rises_with_a_cheaper_draft_and_a_flatter_curve():
+    steep, cheap = (
+        model_draft_ceiling(0.95, costs(draft_s=0.015)),
+        model_draft_ceiling(0.95, costs(draft_s=0.003)),
+    )
+    assert steep < 1 < cheap
+    flat = Costs(lambda k: 1 + 0.1 * (k - 1))  # a phone-like curve: batches nearly free
+    flat.step_s.update(0.03)
+    flat.draft_s.update(0.015)
+    assert model_draft_ceiling(0.95, flat) > 1.25
+
+
+def test_auto_never_tries_a_model_draft_that_cannot_pay_on_this_device():
+    policy = AutoPolicy(costs(draft_s=0.015), ["chain", "tree"])  # c_d 0.5 on a steep curve
+    assert policy.model_ceiling() is not None and policy.model_ceiling() < 1
+    assert {policy.choose(None) for _ in range(1000)} == {"plain"}
+    plain = policy.plain_rate()
+    assert policy.choose(ngram_rate=2 * plain) == "ngram"  # n-gram drafts cost nothing to make
+
+
+def test_auto_tries_the_model_once_to_learn_its_cost_when_no_profile_says_it():
+    policy = AutoPolicy(costs(draft_s=None), ["chain", "tree"])
+    assert policy.model_ceiling() is None
+    assert policy.choose(None) == "chain"
+    policy.costs.draft_s.update(0.015)  # what that chain measured: too slow to pay here
+    assert policy.choose(None) == "plain"

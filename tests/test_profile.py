@@ -7,6 +7,7 @@ than 1), never a tight bound.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,8 @@ from edgespec.profile import (
     DEFAULT_RELATIVE,
     QUICK_KS,
     DeviceProfile,
-    format_cpus,
     load_profile,
     measure_curve,
-    parse_cpus,
     profile_model,
     profiles_dir,
     quick_profile,
@@ -178,14 +177,6 @@ def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_fi
         assert load_profile(model_file, n_threads=2, cpus="0-1") is None
 
 
-def test_cpu_sets_read_and_print_as_ranges():
-    assert parse_cpus("0-3,6") == {0, 1, 2, 3, 6}
-    assert format_cpus({6, 0, 1, 2, 3}) == "0-3,6"
-    assert format_cpus(parse_cpus("2")) == "2"
-    with pytest.raises(BadSettingError):
-        parse_cpus("big cores")
-
-
 # --- The command --------------------------------------------------------------------------------
 
 
@@ -217,3 +208,49 @@ def test_profile_with_a_draft_reports_its_cost_in_target_steps(home, runner_app,
     result = CliRunner().invoke(runner_app, args)
     assert result.exit_code == 0, result.output
     assert "T(k)/T(1)" in result.stdout and "c_d =" in result.stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pipeline needs two CPUs")
+def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
+    home, runner_app, smol_path
+):
+    args = ["profile", "-m", str(smol_path), "--draft", str(smol_path), "--quick", "--overlap"]
+    result = CliRunner().invoke(runner_app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    overlap = json.loads(result.stdout)["overlap"]
+    cpus = sorted(os.sched_getaffinity(0))
+    assert (overlap["target_cpus"], overlap["draft_cpus"]) == (cpus[:-1], cpus[-1:])
+    assert overlap["target_alone_s"] > 0 and overlap["draft_alone_s"] > 0
+    # Two things at once take at least as long as the longer of them alone (a little slack for
+    # timer noise), and the verdict is the ratio of the measured times.
+    assert overlap["pipelined_s"] >= 0.9 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
+    assert overlap["speedup"] == pytest.approx(overlap["serial_s"] / overlap["pipelined_s"])
+    text = CliRunner().invoke(runner_app, args).stdout
+    assert "pipeline, chain of 4" in text and ("pays here" in text or "not pay here" in text)
+
+
+def test_profile_overlap_without_a_draft_is_a_clear_error(home, runner_app, smol_path):
+    result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "--overlap"])
+    assert result.exit_code != 0
+    assert "--overlap needs a draft" in str(result.exception)
+
+
+def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
+    home, smol_path, smol_q4_0
+):
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    assert engine.profile is None and engine.draft_profile is None
+    said: list[str] = []
+    engine.profile_if_missing(say=said.append)
+    assert len(said) == 2 and all("first use" in line for line in said)
+    assert engine.profile is not None and engine.relative_cost(4) == engine.profile.relative(4)
+    assert engine.draft_profile is not None and engine.draft_profile.model_file == smol_q4_0.name
+    # The caches were emptied by the measurement, and generation works on.
+    assert engine.generate("Hi", max_tokens=4, mode="chain").stats.n_generated > 0
+
+    again = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    said.clear()
+    again.profile_if_missing(say=said.append)
+    assert said == [] and again.profile == engine.profile

@@ -1,0 +1,104 @@
+"""The default draft, in the form this device runs fastest.
+
+What a draft token costs decides whether speculation pays on a CPU (ceilings.md: the same 0.5B
+draft requantized from Q4_K_M to Q4_0 is worth 3-4x more speed-up here). Q4_0 has fast kernels on
+x86 (AVX2/AVX-512) and on ARM (repacked for dotprod/i8mm), but not on every CPU, so the choice is
+measured on the device, once, and remembered next to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from .backend import Context, Model, quantize
+from .profile import measure_curve
+
+CHEAP_TYPE = "Q4_0"
+FASTER_BY = 0.95  # the copy must take at most this fraction of the original's time per token
+ROUNDS = 3  # alternate the two files this many times: drift on a busy machine hits both alike
+
+
+@dataclass
+class DraftChoice:
+    """Which of a draft and its cheaper copy this device runs faster, as measured."""
+
+    original: str  # file names, in the same directory
+    copy: str
+    chosen: str
+    step_ms: dict[str, float]  # one decode step of each, median
+    n_threads: int
+
+    def path(self, directory: Path) -> Path:
+        return directory / self.chosen
+
+
+def copy_path(draft: Path) -> Path:
+    return draft.with_name(f"{draft.stem}.requant-{CHEAP_TYPE.lower()}.gguf")
+
+
+def choice_path(draft: Path) -> Path:
+    return draft.with_name(f"{draft.stem}.draft-choice.json")
+
+
+def load_choice(draft: Path, n_threads: int) -> DraftChoice | None:
+    try:
+        choice = DraftChoice(**json.loads(choice_path(draft).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if choice.n_threads != n_threads or not choice.path(draft.parent).exists():
+        return None
+    return choice
+
+
+def fastest_draft(
+    draft: Path, n_threads: int, say: Callable[[str], None] = lambda _: None
+) -> DraftChoice:
+    """The draft or a Q4_0 copy of it, whichever decodes faster here; made and measured on first
+    use (about 15 s for a 0.5B model on 2 cores), then read from a small record."""
+    if choice := load_choice(draft, n_threads):
+        return choice
+    copy = copy_path(draft)
+    if not copy.exists():
+        say(f"making a {CHEAP_TYPE} copy of the draft {draft.name}, once: {copy.name}")
+        tmp = copy.with_name(f".{copy.name}.tmp")
+        try:
+            quantize(draft, tmp, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, n_threads)
+            tmp.replace(copy)
+        finally:
+            tmp.unlink(missing_ok=True)
+    say(f"timing both forms of the draft on {n_threads} threads, once")
+    step_s = step_seconds([draft, copy], n_threads)
+    faster = step_s[copy] <= FASTER_BY * step_s[draft]
+    choice = DraftChoice(
+        original=draft.name,
+        copy=copy.name,
+        chosen=copy.name if faster else draft.name,
+        step_ms={p.name: round(s * 1000, 3) for p, s in step_s.items()},
+        n_threads=n_threads,
+    )
+    say(
+        f"draft step {choice.step_ms[copy.name]:.1f} ms as {CHEAP_TYPE}, "
+        f"{choice.step_ms[draft.name]:.1f} ms as fetched: using {choice.chosen}"
+    )
+    choice_path(draft).write_text(json.dumps(asdict(choice), indent=2) + "\n")
+    return choice
+
+
+def step_seconds(paths: list[Path], n_threads: int) -> dict[Path, float]:
+    """Median time of one plain decode step of each model, measured in alternation."""
+    contexts = {p: Context(Model(p), n_ctx=256, n_threads=n_threads) for p in paths}
+    try:
+        times: dict[Path, list[float]] = {p: [] for p in paths}
+        for _ in range(ROUNDS):
+            for path, ctx in contexts.items():
+                times[path].append(measure_curve(ctx, ks=[1], repeats=8, context_tokens=32)[1])
+        return {p: statistics.median(t) for p, t in times.items()}
+    finally:
+        for ctx in contexts.values():
+            ctx.close()

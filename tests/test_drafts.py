@@ -1,0 +1,38 @@
+"""The default draft's cheaper Q4_0 form: made once, timed against the original, remembered."""
+
+from __future__ import annotations
+
+import shutil
+
+from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
+from edgespec.gguf_info import read_gguf
+
+
+def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    said: list[str] = []
+
+    choice = fastest_draft(draft, n_threads=1, say=said.append)
+
+    copy = copy_path(draft)
+    assert read_gguf(copy).file_type == "Q4_0"
+    assert any("making a Q4_0 copy" in line for line in said)
+    assert set(choice.step_ms) == {draft.name, copy.name}
+    copy_is_faster = choice.step_ms[copy.name] <= FASTER_BY * choice.step_ms[draft.name]
+    assert choice.chosen == (copy.name if copy_is_faster else draft.name)
+    assert choice.path(tmp_path).exists()
+
+    said.clear()
+    assert fastest_draft(draft, n_threads=1, say=said.append) == choice
+    assert said == []  # nothing made or timed again
+
+
+def test_a_record_for_other_threads_or_a_broken_record_is_not_trusted(tmp_path, smol_path):
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    fastest_draft(draft, n_threads=1)
+    assert load_choice(draft, n_threads=1) is not None
+    assert load_choice(draft, n_threads=2) is None
+    choice_path(draft).write_text("{not json")
+    assert load_choice(draft, n_threads=1) is None
