@@ -14,7 +14,7 @@ from rich.table import Table
 from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
-from edgespec.profile import DeviceProfile, profile_model, save_profile
+from edgespec.profile import NOISY, DeviceProfile, profile_model, save_profile
 
 from . import options as opt
 
@@ -94,6 +94,14 @@ def profile(
             f"c_d = {draft_cost:.2f} target steps per draft token",
             soft_wrap=True,
         )
+    for measured in (target_profile, draft_profile):
+        if measured is not None and measured.noise > NOISY:
+            status.print(
+                f"warning: timings of {measured.model_file} varied by {measured.noise:.0%} "
+                "(a busy machine?); measure again when it is quiet",
+                style="yellow",
+                soft_wrap=True,
+            )
     if overlap_report:
         console.print(overlap_line(overlap_report), soft_wrap=True)
     for path in saved:

@@ -240,6 +240,12 @@ class PinnedThread:
         self._executor.shutdown(wait=True)
 
 
+def pinned_thread(cpus: list[int], name: str) -> PinnedThread | None:
+    """A pinned thread for a model on `cpus`; None when those are all the CPUs this process
+    may use anyway (no hand-off per decode for nothing)."""
+    return PinnedThread(cpus, name) if set(cpus) != available_cpus() else None
+
+
 def threads_by_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[str, int]:
     """How many of a process's threads may run on each CPU set: {"0-3": 5, "4-7": 2}.
 

@@ -18,14 +18,7 @@ import numpy as np
 
 from . import chat
 from .backend import Context, Model
-from .cores import (
-    PinnedThread,
-    Placement,
-    available_cpus,
-    format_cpu_list,
-    plan_placement,
-    threads_by_cpus,
-)
+from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, threads_by_cpus
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter
@@ -167,20 +160,22 @@ class Engine:
         self.threads, self.draft_threads = threads, draft_threads
         self.target = target
         self.draft = draft
-        self._pinned = [
-            PinnedThread(cpus, name) if set(cpus) != available_cpus() else None
-            for cpus, name in ((self.placement.target_cpus, "target"),
-                               (self.placement.draft_cpus, "draft"))
-        ]  # fmt: skip
         self.target_ctx = Context(
-            target, n_ctx=n_ctx, n_threads=threads, n_seq_max=N_SEQ_MAX, pinned=self._pinned[0]
+            target,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_seq_max=N_SEQ_MAX,
+            pinned=pinned_thread(self.placement.target_cpus, "target"),
         )
         self.draft_ctx: Context | None = None
         if draft:
             self.draft_ctx = Context(
-                draft, n_ctx=n_ctx, n_threads=draft_threads, n_seq_max=N_SEQ_MAX,
-                pinned=self._pinned[1],
-            )  # fmt: skip
+                draft,
+                n_ctx=n_ctx,
+                n_threads=draft_threads,
+                n_seq_max=N_SEQ_MAX,
+                pinned=pinned_thread(self.placement.draft_cpus, "draft"),
+            )
         self.n_ctx = self.target_ctx.n_ctx
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []

@@ -35,6 +35,7 @@ CONTEXT_TOKENS = 256  # a realistic KV length: attention over the prompt is part
 # 2 cores; the pass times barely depend on it at these lengths.
 QUICK_CONTEXT_TOKENS = 64
 QUICK_BUDGET_S = 4.0
+NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy machine
 SHUFFLE_SEED = 1234
 
 # T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (edge-physics.md): a steep curve, so a
@@ -53,7 +54,29 @@ def measure_curve(
     *,
     budget_s: float | None = None,
 ) -> dict[int, float]:
-    """Median seconds of one decode pass of k tokens with logits for all k (as a verification).
+    """Median seconds of one decode pass of k tokens (see measure_times)."""
+    times = measure_times(ctx, ks, repeats, context_tokens, budget_s=budget_s)
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def noise(times: Mapping[int, Sequence[float]]) -> float:
+    """How much repeated timings of the same pass disagreed: the largest median absolute
+    deviation over the ks, relative to that k's median; 0 when every repeat took as long."""
+    return max(
+        statistics.median(abs(t - statistics.median(ts)) for t in ts) / statistics.median(ts)
+        for ts in times.values()
+    )
+
+
+def measure_times(
+    ctx: Context,
+    ks: Sequence[int] = FULL_KS,
+    repeats: int = 5,
+    context_tokens: int = CONTEXT_TOKENS,
+    *,
+    budget_s: float | None = None,
+) -> dict[int, list[float]]:
+    """Seconds of each timed decode pass of k tokens with logits for all k (as a verification).
 
     Clears `ctx`, prefills `context_tokens` tokens, then times each k at the positions after that
     prefix and removes the k tokens again, so every pass sees the same cache length. k = 1 (the
@@ -61,7 +84,7 @@ def measure_curve(
     every k once in a shuffled order: slow drift on a noisy machine spreads over all k instead of
     biasing the ones measured last. With `budget_s`, rounds stop once that much time has passed
     since the start, prefill and warm-up included (after at least one round).
-    Returns {k: seconds}, ascending in k.
+    Returns {k: [seconds of each round]}, ascending in k.
     """
     ks = sorted(set(ks) | {1})
     if ks[0] < 1 or repeats < 1 or context_tokens < 0:
@@ -96,7 +119,7 @@ def measure_curve(
             times[k].append(timed_pass(k))
         if budget_s is not None and time.perf_counter() - started > budget_s:
             break
-    return {k: statistics.median(t) for k, t in times.items()}
+    return times
 
 
 def relative_cost(curve: Mapping[int, float], k: float) -> float:
@@ -127,6 +150,7 @@ class DeviceProfile:
     ks: list[int]
     seconds: list[float]  # median seconds of one pass of ks[i] tokens
     measured_at: str  # ISO 8601, UTC
+    noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
 
     @property
     def step_s(self) -> float:
@@ -159,6 +183,7 @@ class DeviceProfile:
             ks=[int(k) for k in data["ks"]],
             seconds=[float(s) for s in data["seconds"]],
             measured_at=str(data["measured_at"]),
+            noise=float(data.get("noise", 0.0)),
         )
         ks_ok = profile.ks == sorted(set(profile.ks)) and 1 in profile.ks
         if not ks_ok or len(profile.seconds) != len(profile.ks):
@@ -238,7 +263,8 @@ def measure_profile(
 ) -> DeviceProfile:
     """Measure the curve on `ctx` (which it clears) and label it; `n_threads` and `cpus` say how
     `ctx` runs (a Context does not know its CPUs; default: this thread's)."""
-    curve = measure_curve(ctx, ks, repeats, context_tokens, budget_s=budget_s)
+    times = measure_times(ctx, ks, repeats, context_tokens, budget_s=budget_s)
+    curve = {k: statistics.median(t) for k, t in times.items()}
     path = ctx.model.path
     return DeviceProfile(
         model_file=path.name,
@@ -248,6 +274,7 @@ def measure_profile(
         ks=list(curve),
         seconds=list(curve.values()),
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        noise=round(noise(times), 4),
     )
 
 

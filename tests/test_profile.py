@@ -23,6 +23,8 @@ from edgespec.profile import (
     DeviceProfile,
     load_profile,
     measure_curve,
+    measure_profile,
+    noise,
     profile_model,
     profiles_dir,
     quick_profile,
@@ -254,3 +256,17 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     said.clear()
     again.profile_if_missing(say=said.append)
     assert said == [] and again.profile == engine.profile
+
+
+def test_noise_is_how_far_repeated_timings_stray_from_their_median():
+    assert noise({1: [0.01, 0.01, 0.01], 4: [0.02, 0.02, 0.02]}) == 0.0
+    assert noise({1: [0.01, 0.01, 0.01], 4: [0.01, 0.02, 0.03]}) == pytest.approx(0.5)
+
+
+def test_a_measured_profile_records_its_noise_and_old_files_without_it_still_load(
+    smol_ctx, smol_path
+):
+    measured = measure_profile(smol_ctx, n_threads=2, ks=(1, 2), repeats=3, context_tokens=16)
+    assert 0 <= measured.noise < 1
+    old = {k: v for k, v in measured.to_dict().items() if k != "noise"}
+    assert DeviceProfile.from_dict(old).noise == 0.0
