@@ -64,9 +64,17 @@ class Calibrator:
 class Costs:
     """Seconds of the things a round is made of, measured while generating."""
 
-    relative: Callable[[int], float]  # T(k)/T(1) of the target on this device (its profile)
+    curve: Callable[[int], float]  # T(k)/T(1) of the target on this device (its profile)
     step_s: Ema = field(default_factory=Ema)  # one plain target step
     draft_s: Ema = field(default_factory=Ema)  # one draft model evaluation
+    # The curve is fixed for a generation and asked for every round: interpolated once per k.
+    _relative: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def relative(self, k: int) -> float:
+        value = self._relative.get(k)
+        if value is None:
+            value = self._relative[k] = self.curve(k)
+        return value
 
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
@@ -115,10 +123,12 @@ def model_draft_ceiling(best_accept: float, costs: Costs, max_len: int = 32) -> 
     draft's cost decide it before a single draft is tried."""
     assert costs.step_s.value is not None and costs.draft_s.value is not None
     c_d = costs.draft_s.value / costs.step_s.value
-    return max(
-        expected_tokens([best_accept] * k) / (k * c_d + costs.relative(k + 1))
-        for k in range(1, max_len + 1)
-    )
+    best, expected, alive = 0.0, 1.0, 1.0
+    for k in range(1, max_len + 1):  # expected tokens of a chain of k, built up as k grows
+        alive *= best_accept
+        expected += alive
+        best = max(best, expected / (k * c_d + costs.relative(k + 1)))
+    return best
 
 
 def best_proposal_length(
