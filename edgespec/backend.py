@@ -54,7 +54,7 @@ def set_verbose(verbose: bool) -> None:
 
 
 class Model:
-    """A GGUF model loaded (memory-mapped) by llama.cpp, with its vocabulary."""
+    """A GGUF model loaded into memory by llama.cpp, with its vocabulary."""
 
     def __init__(self, path: str | Path, info: GGUFInfo | None = None, use_mmap: bool = False):
         _init_backend()
@@ -65,7 +65,7 @@ class Model:
         # Read the weights into memory instead of mapping the file: mapped pages are page cache,
         # which the OS may reclaim while we generate (seen here: decoding fell from 23 to 0.4
         # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
-        params.use_mmap = use_mmap
+        params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
         _recent_native_errors.clear()
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
