@@ -30,7 +30,7 @@ from typing import Any
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from .engine import MODES, Engine, GenerationConfig, default_threads, load
+from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
 from .errors import BadSettingError, EdgespecError
 
 if sys.version_info >= (3, 11):
@@ -133,15 +133,28 @@ def available_modes(has_draft: bool) -> list[str]:
 
 def engine_options(mode: str) -> dict[str, Any]:
     """Engine.generate's options for a bench mode: "chain" or, with a size, "chain:8" (draft
-    length of chain and ngram, node budget of tree), so that sizes can be compared in one run."""
-    name, _, size = mode.partition(":")
-    if not size:
+    length of chain and ngram, node budget of tree), so that sizes can be compared in one run;
+    a tree may also name its scheduler, "tree:9:pacer"."""
+    name, _, rest = mode.partition(":")
+    if not rest:
         return {"mode": name}
+    size, _, scheduler = rest.partition(":")
     if name not in ("chain", "ngram", "tree") or not size.isdigit() or int(size) < 1:
         raise BadSettingError(
             f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
         )
-    return {"mode": name, "max_nodes" if name == "tree" else "draft_max": int(size)}
+    options: dict[str, Any] = {
+        "mode": name,
+        "max_nodes" if name == "tree" else "draft_max": int(size),
+    }
+    if scheduler:
+        if name != "tree" or scheduler not in SCHEDULERS:
+            raise BadSettingError(
+                f"bad mode {mode!r}: only a tree names a scheduler ({', '.join(SCHEDULERS)}),"
+                " e.g. tree:9:pacer"
+            )
+        options["scheduler"] = scheduler
+    return options
 
 
 def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:

@@ -14,6 +14,7 @@ from edgespec.bench import (
     LLAMA_MODES,
     BenchReport,
     available_modes,
+    engine_options,
     load_prompts,
     run_bench,
 )
@@ -112,8 +113,13 @@ def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
         assert short.overhead_ms is not None and short.overhead_ms > 0
 
 
+def test_a_tree_mode_may_name_its_scheduler():
+    assert engine_options("tree:9:pacer") == {"mode": "tree", "max_nodes": 9, "scheduler": "pacer"}
+    assert engine_options("tree:9") == {"mode": "tree", "max_nodes": 9}
+
+
 def test_a_size_on_a_mode_without_one_is_refused(smol_path, tiny_suite):
-    for bad in ("target:4", "chain:0", "chain:x"):
+    for bad in ("target:4", "chain:0", "chain:x", "chain:4:pacer", "tree:4:nobody"):
         with pytest.raises(BadSettingError, match="bad mode"):
             run_bench(smol_path, smol_path, [bad], load_prompts(tiny_suite))
 
