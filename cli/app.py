@@ -157,6 +157,7 @@ def run(
     max_depth: opt.MaxDepth = 8,
     alpha0: opt.Alpha0 = 0.01,
     scheduler: opt.Scheduler = "pacer",
+    ngram_branch: opt.NgramBranch = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,
@@ -182,6 +183,7 @@ def run(
         max_depth=max_depth,
         alpha0=alpha0,
         scheduler=scheduler,
+        ngram_branch=ngram_branch,
     )
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     try:

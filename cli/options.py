@@ -84,3 +84,10 @@ MaxNodes = Annotated[int, typer.Option(help="Tree: nodes per verification at mos
 MaxDepth = Annotated[int, typer.Option(help="Tree: depth at most")]
 Alpha0 = Annotated[float, typer.Option(help="Tree: initial confidence threshold for verifying")]
 Scheduler = Annotated[str, typer.Option(help="Tree: branch scheduler, pacer (LLMCad) or greedy")]
+NgramBranch = Annotated[
+    bool,
+    typer.Option(
+        "--ngram-branch/--no-ngram-branch",
+        help="Tree, greedy: also verify the n-gram drafter's proposal as a branch",
+    ),
+]

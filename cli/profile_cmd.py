@@ -14,7 +14,7 @@ from rich.table import Table
 from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
-from edgespec.profile import NOISY, DeviceProfile, profile_model, save_profile
+from edgespec.profile import NOISY, DeviceProfile, load_profile, profile_model, save_profile
 
 from . import options as opt
 
@@ -60,9 +60,13 @@ def profile(
     split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])
     status = Console(stderr=True, highlight=False)
 
-    def measure(path: Path) -> tuple[DeviceProfile, Path]:
+    def measure(path: Path) -> tuple[DeviceProfile, Path | None]:
         with status.status(f"measuring {path.name} on {n_threads} threads"):
             measured = profile_model(path, n_threads, quick=quick)
+        stored = load_profile(path, n_threads)
+        if measured.quick and stored is not None and not stored.quick:
+            status.print(f"{path.name}: kept the stored full profile (a quick one is rougher)")
+            return measured, None
         return measured, save_profile(measured)
 
     target_profile, target_saved = measure(target_path)

@@ -178,6 +178,10 @@ class Context:
             row[0] = 0
         self._n_seq_id[:] = 1
         self._rows_off_seq0 = 0  # rows [0, this) may carry ids other than [0] from a tree batch
+        self._offsets = np.arange(n_batch, dtype=np.int32)
+        # Views of llama.cpp's logits buffer by (address, rows): making one costs more than a
+        # draft step's other Python work, and the buffer moves only when llama.cpp regrows it.
+        self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_s = 0.0  # seconds spent inside llama_decode, ever: the rest is our overhead
 
     def decode(
@@ -210,7 +214,7 @@ class Context:
         batch.n_tokens = n
         self._tokens[:n] = tokens
         if positions is None:
-            self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+            np.add(self._offsets[:n], start_pos, out=self._pos[:n])
         else:
             self._pos[:n] = positions
         if seq_ids is None:
@@ -239,7 +243,15 @@ class Context:
         if n_out == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         # Outputs are stored contiguously in batch order (llama_get_logits reorders them).
-        return np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(n_out, self._n_vocab))
+        pointer = ll.llama_get_logits(self._ctx)
+        key = (ctypes.cast(pointer, ctypes.c_void_p).value or 0, n_out)
+        view = self._logits_views.get(key)
+        if view is None:
+            if len(self._logits_views) > 256:
+                self._logits_views.clear()
+            view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
+            self._logits_views[key] = view
+        return view
 
     # KV cache edits, per sequence. p1 = -1 means "to the end".
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:

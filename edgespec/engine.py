@@ -21,7 +21,7 @@ from .backend import Context, Model
 from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, threads_by_cpus
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
-from .ngram import NgramDrafter
+from .ngram import NgramDrafter, Proposal
 from .policy import (
     AutoPolicy,
     Costs,
@@ -34,7 +34,14 @@ from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_fro
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
 from .text import Detokenizer, StopMatcher
-from .tree import TokenTree, greedy_accept, sampled_accept, summarize, verification_batch
+from .tree import (
+    TokenTree,
+    branch_candidates,
+    greedy_accept,
+    sampled_accept,
+    summarize,
+    verification_batch,
+)
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
 MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers
@@ -63,6 +70,7 @@ class GenerationConfig:
     max_depth: int = 8
     alpha0: float = 0.01  # initial confidence threshold for verifying
     scheduler: str = "pacer"
+    ngram_branch: bool = True  # greedy trees also verify the n-gram drafter's proposal
 
     @property
     def sampling(self) -> SamplingParams:
@@ -181,8 +189,8 @@ class Engine:
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
-        self._probs = np.empty(draft.n_vocab if draft else 0, dtype=np.float32)
-        self._q_rows = np.empty((0, self._probs.size), dtype=np.float32)
+        self._draft_vocab = draft.n_vocab if draft else 0
+        self._q_rows = np.empty((0, self._draft_vocab), dtype=np.float32)
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
         self.profile = load_profile(
             target.path, threads, format_cpu_list(self.placement.target_cpus)
@@ -313,7 +321,7 @@ class Engine:
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain,
-            "tree": self._round_tree,
+            "tree": self._round_tree_mode,
             "ngram": self._round_ngram,
             "auto": self._round_auto,
         }[cfg.mode or "target"]
@@ -368,7 +376,7 @@ class Engine:
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
         if self._q_rows.shape[0] < n:
-            self._q_rows = np.empty((n, self._probs.size), dtype=np.float32)
+            self._q_rows = np.empty((n, self._draft_vocab), dtype=np.float32)
         return self._q_rows
 
     def _round_target(self, run: _Run, room: int) -> list[int]:
@@ -411,10 +419,11 @@ class Engine:
         for i in range(k):
             row = draft_ctx.decode(feed, pos)[-1]
             pos += len(feed)
-            if params.greedy:
+            if params.greedy and keep_going is None:
                 token = int(row.argmax())
-                if keep_going is not None:
-                    confidences.append(float(self._draft_probs(row)[token]))
+            elif params.greedy:
+                token, confidence = branch_candidates(row, 1.0)[0]  # the argmax, its probability
+                confidences.append(confidence)
             else:
                 q_rows[i] = probs_from_logits(row, params)
                 token = sample(q_rows[i], run.rng)
@@ -513,7 +522,8 @@ class Engine:
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":
-            decided = self._round_tree(run, room)
+            graft = replace(proposal, tokens=full_proposal) if run.sampling.greedy else None
+            decided = self._round_tree(run, room, graft)
         else:
             decided = self._round_target(run, room)
             costs.step_s.update(time.perf_counter() - t0)
@@ -549,30 +559,36 @@ class Engine:
             calibrator.record(confidence, i < n_ok)
         return decided
 
-    def _draft_probs(self, logits_row: np.ndarray) -> np.ndarray:
-        """Softmax into the engine's reused buffer (valid until the next call)."""
-        probs = self._probs
-        np.subtract(logits_row, logits_row.max(), out=probs)
-        np.exp(probs, out=probs)
-        probs *= 1.0 / probs.sum()
-        return probs
+    def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
+        """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch."""
+        ngram = None
+        if run.cfg.ngram_branch and run.sampling.greedy:
+            ngram = run.ngram.propose(run.tokens, min(run.cfg.max_nodes // 2, room))
+            run.ngram.watch(ngram, len(run.tokens))
+        return self._round_tree(run, room, ngram)
 
-    def _round_tree(self, run: _Run, room: int) -> list[int]:
+    def _round_tree(self, run: _Run, room: int, ngram: Proposal | None = None) -> list[int]:
         """LLMCad: grow a confidence-scored token tree with the draft until its accumulated
-        uncertainty crosses alpha (or a budget), then verify every branch in one target pass."""
+        uncertainty crosses alpha (or a budget), then verify every branch in one target pass.
+
+        An n-gram proposal (greedy only: its tokens are point masses, not draws from the draft)
+        is grafted on first, as far as its estimated confidence stays above alpha; the draft may
+        then draft through it and the verification covers both (SpecInfer's several drafters).
+        """
         stats, cfg, draft, draft_ctx = run.stats, run.cfg, self.draft, self.draft_ctx
         assert draft is not None and draft_ctx is not None
         tokens = run.tokens
         root_pos = len(tokens) - 1
         remaining = cfg.max_tokens - len(run.generated)
-        trigger = TriggerConfig(
-            max_nodes=cfg.max_nodes, max_depth=max(0, min(cfg.max_depth, room, remaining - 1))
-        )
+        depth_room = max(0, min(room, remaining - 1))  # tree depths that fit and are wanted
+        trigger = TriggerConfig(max_nodes=cfg.max_nodes, max_depth=min(cfg.max_depth, depth_room))
         scheduler = (
             PacerScheduler(cfg.max_nodes - 1) if cfg.scheduler == "pacer" else GreedyScheduler()
         )
         tree = TokenTree(tokens[-1])
         params = run.sampling
+        if ngram is not None and ngram.tokens and params.greedy:
+            self._graft_ngram(run, tree, ngram, depth_room)
         # Sampling: children are draws from the draft's distribution, kept per node for the
         # verification (SpecInfer); node i's distribution is row i of the reused buffer.
         draws: dict[int, list[int]] = {}
@@ -590,9 +606,8 @@ class Engine:
             else:
                 logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
             stats.draft_evals += 1
-            candidates = None
             if params.greedy:
-                probs = self._draft_probs(logits[-1])
+                children = branch_candidates(logits[-1], cfg.branch_p)
             else:
                 node = tree.branches[branch].leaf
                 probs = q_rows[node]
@@ -602,15 +617,13 @@ class Engine:
                 room_for = cfg.max_branches - len(tree.branches) + 1
                 n_draws = max(1, min(room_for, int(np.count_nonzero(probs >= cfg.branch_p))))
                 draws[node] = [sample(probs, run.rng) for _ in range(n_draws)]
-                candidates = list(dict.fromkeys(draws[node]))
+                children = [(t, float(probs[t])) for t in dict.fromkeys(draws[node])]
             copies = tree.expand(
                 branch,
-                probs,
-                branch_p=cfg.branch_p,
+                children,
                 max_branches=cfg.max_branches,
                 max_nodes=cfg.max_nodes,
                 is_eog=draft.is_eog,
-                candidates=candidates,
             )
             for copy in copies:
                 draft_ctx.seq_cp(copy.src_seq_id, copy.seq_id, 0, root_pos + copy.until_depth)
@@ -646,11 +659,34 @@ class Engine:
         end = root_pos + len(accepted.path)  # positions below this hold committed tokens
         self._keep_branch(self.target_ctx, accepted.branch, end)
         run.target_cached = end
-        if tree.nodes[0].evaluated:
-            self._keep_branch(draft_ctx, accepted.branch, end)
-            last_in_draft = tree.nodes[accepted.path[-1]].evaluated
-            run.draft_cached = end if last_in_draft else end - 1
+        # The draft holds the accepted path as far as it evaluated it (a prefix of the path: a
+        # node is evaluated only after its parent), in the cache of a drafted branch through it.
+        in_draft = [node for node in accepted.path if tree.nodes[node].evaluated]
+        if in_draft:
+            kept = next(b for b in tree.drafted_branches() if in_draft[-1] in tree.path_of(b))
+            run.draft_cached = root_pos + len(in_draft)
+            self._keep_branch(draft_ctx, kept, run.draft_cached)
         return [*accepted.tokens, accepted.bonus]
+
+    def _graft_ngram(self, run: _Run, tree: TokenTree, ngram: Proposal, max_depth: int) -> None:
+        """Graft the n-gram proposal's tokens whose chance of being reached stays above alpha:
+        a row below it is one LLMCad would not verify either. --max-depth bounds the draft's
+        work, not this free proposal: inside copied text it may reach deeper (half the nodes)."""
+        probs: list[float] = []
+        reach = 1.0
+        for position in range(min(len(ngram.tokens), max_depth, run.cfg.max_nodes // 2)):
+            p = run.ngram.acceptance(ngram.ngram, position, ngram.streak)
+            if reach * p < run.alpha:
+                break
+            reach *= p
+            probs.append(p)
+        tree.graft(
+            ngram.tokens[: len(probs)],
+            probs,
+            max_branches=run.cfg.max_branches,
+            max_nodes=run.cfg.max_nodes,
+            is_eog=self.target.is_eog,
+        )
 
     @staticmethod
     def _keep_branch(ctx: Context, branch: int, end: int) -> None:

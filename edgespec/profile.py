@@ -153,6 +153,11 @@ class DeviceProfile:
     noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
 
     @property
+    def quick(self) -> bool:
+        """Measured at the sweet spots only (first use, --quick): a full profile knows more."""
+        return set(self.ks) <= set(QUICK_KS)
+
+    @property
     def step_s(self) -> float:
         """T(1): one plain decoding step."""
         return self.seconds[self.ks.index(1)]

@@ -49,14 +49,17 @@ class TriggerConfig:
 
 def verify_cause(tree: TokenTree, alpha: float, cfg: TriggerConfig) -> str | None:
     """Why the target should verify the tree now: "end", "confidence", "budget", or None."""
+    # Grafted (n-gram) branches are verified but never drafted on: they take no part here.
     open_branches = tree.open_branches()
-    most_confident = max(range(len(tree.branches)), key=lambda b: tree.leaf(b).confidence)
+    drafted = tree.drafted_branches()
+    most_confident = max(drafted, key=lambda b: tree.leaf(b).confidence)
     if not open_branches or tree.branches[most_confident].closed:
         return "end"
     # Tree confidence T_c: the best chance that the draft is still on the target's path.
     if max(tree.leaf(b).confidence for b in open_branches) < alpha:
         return "confidence"
-    if len(tree.nodes) >= cfg.max_nodes or tree.depth >= cfg.max_depth:
+    depth = max(tree.leaf(b).depth for b in drafted)
+    if len(tree.nodes) >= cfg.max_nodes or depth >= cfg.max_depth:
         return "budget"
     return None
 

@@ -21,6 +21,7 @@ class TreeStats:
     winner_ranks: list[int] = field(default_factory=list)  # [i]: trees won by the i-th branch
     triggers: dict[str, int] = field(default_factory=dict)  # verification causes
     alphas: list[float] = field(default_factory=list)  # alpha in force at each verification
+    grafted_accepted: int = 0  # accepted tokens only an n-gram branch proposed
 
     def record(self, summary: Any, cause: str, alpha: float) -> None:
         self.trees += 1
@@ -33,6 +34,7 @@ class TreeStats:
         self.winner_ranks[rank] += 1
         self.triggers[cause] = self.triggers.get(cause, 0) + 1
         self.alphas.append(alpha)
+        self.grafted_accepted += summary.grafted_accepted
 
     def to_dict(self) -> dict[str, object]:
         alphas = self.alphas or [0.0]
@@ -47,6 +49,7 @@ class TreeStats:
             "alpha_min": min(alphas),
             "alpha_median": statistics.median(alphas),
             "alpha_max": max(alphas),
+            "ngram_branch_accepted": self.grafted_accepted,
         }
 
 

@@ -37,6 +37,7 @@ class Branch:
     leaf: int  # node index
     tokens: int = 0  # tokens drafted on this branch itself, not inherited from its parent branch
     closed: bool = False  # its leaf is an end-of-generation token: nothing to extend
+    grafted: bool = False  # proposed by another drafter (n-gram): verified, never drafted on
 
 
 class BranchCopy(NamedTuple):
@@ -57,7 +58,11 @@ class TokenTree:
         return self.nodes[self.branches[branch].leaf]
 
     def open_branches(self) -> list[int]:
-        return [i for i, b in enumerate(self.branches) if not b.closed]
+        """The branches the draft may extend."""
+        return [i for i, b in enumerate(self.branches) if not (b.closed or b.grafted)]
+
+    def drafted_branches(self) -> list[int]:
+        return [i for i, b in enumerate(self.branches) if not b.grafted]
 
     @property
     def depth(self) -> int:
@@ -71,65 +76,119 @@ class TokenTree:
             node = self.nodes[node].parent
         return path[::-1]
 
+    def path_of(self, branch: int) -> list[int]:
+        return self.path(self.branches[branch].leaf)
+
     def branches_through(self, node: int) -> list[int]:
-        return [b for b in range(len(self.branches)) if node in self.path(self.branches[b].leaf)]
+        return [b for b in range(len(self.branches)) if node in self.path_of(b)]
+
+    def graft(
+        self,
+        tokens: Sequence[int],
+        probs: Sequence[float],
+        *,
+        max_branches: int,
+        max_nodes: int,
+        is_eog: EogTest = (),
+    ) -> int | None:
+        """Add another drafter's proposal (SpecInfer's several drafters) as a branch from the root.
+
+        Its nodes carry `probs` (that drafter's estimate of each token given the ones before) and
+        share any node the tree already has for the same path. The draft never extends it, but may
+        draft through its nodes: a draft token equal to a grafted child reuses that node. Returns
+        the new branch, or None when the budgets leave no room.
+        """
+        ends = is_eog if callable(is_eog) else is_eog.__contains__
+        if not tokens or len(self.branches) >= max_branches:
+            return None
+        branch = len(self.branches)
+        self.branches.append(Branch(leaf=0, grafted=True))
+        for token, prob in zip(tokens, probs, strict=True):
+            if len(self.nodes) >= max_nodes or self.branches[branch].closed:
+                break
+            self._add_child(self.branches[branch].leaf, int(token), float(prob), branch, ends)
+        return branch
 
     def expand(
         self,
         branch: int,
-        probs: np.ndarray,
+        children: Sequence[tuple[int, float]],
         *,
-        branch_p: float,
         max_branches: int,
         max_nodes: int,
         is_eog: EogTest = (),
-        candidates: Sequence[int] | None = None,
     ) -> list[BranchCopy]:
         """Add the draft's candidates after `branch`'s leaf, which the draft has just evaluated.
 
-        The most probable token extends the branch; every other token with probability >= branch_p
-        starts a new branch under the same parent, most probable first, while fewer than
-        max_branches branches and max_nodes nodes exist. Returns the KV copies for new branches.
-        `candidates` (distinct tokens) replaces that choice when sampling: children must then be
-        the tokens drawn from the draft, the first of them extending the branch.
+        `children` are (token, draft probability), distinct: the first extends the branch (greedy:
+        the argmax; sampling: the first draw), each other starts a new branch under the same
+        parent, in order, while fewer than max_branches branches and max_nodes nodes exist.
+        Returns the KV copies the new branches need. See `branch_candidates` for greedy children.
         """
         ends = is_eog if callable(is_eog) else is_eog.__contains__
         if self.branches[branch].closed:
             raise ValueError(f"branch {branch} is closed")
         parent = self.branches[branch].leaf
         self.nodes[parent].evaluated = True
-        if len(self.nodes) >= max_nodes:
+        (top, top_prob), others = children[0], children[1:]
+        if len(self.nodes) >= max_nodes and self._child(parent, top) is None:
             return []
-        top = int(np.argmax(probs)) if candidates is None else int(candidates[0])
-        self._add_child(parent, top, float(probs[top]), branch, ends)
-
+        self._add_child(parent, int(top), float(top_prob), branch, ends)
         copies: list[BranchCopy] = []
-        if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
-            return copies  # skip the pass over the vocabulary when no branch could be added
-        if candidates is None:
-            # Only a handful of tokens can pass a threshold like 0.3: no loop over the vocabulary.
-            others = np.flatnonzero(probs >= branch_p)
-            others = others[others != top]
-            others = others[np.argsort(-probs[others], kind="stable")]
-        else:
-            others = candidates[1:]
-        for token in others:
+        for token, prob in others:
             if len(self.branches) >= max_branches or len(self.nodes) >= max_nodes:
                 break
+            if self._child(parent, int(token)) is not None:
+                continue  # a grafted branch already goes this way
             new_branch = len(self.branches)
             self.branches.append(Branch(leaf=-1))
-            self._add_child(parent, int(token), float(probs[token]), new_branch, ends)
+            self._add_child(parent, int(token), float(prob), new_branch, ends)
             copies.append(BranchCopy(new_branch, branch, self.nodes[parent].depth + 1))
         return copies
+
+    def _child(self, parent: int, token: int) -> int | None:
+        return next((c for c in self.nodes[parent].children if self.nodes[c].token == token), None)
 
     def _add_child(
         self, parent: int, token: int, prob: float, branch: int, ends: Callable[[int], bool]
     ) -> None:
+        """Extend `branch` by `token` under `parent`, through the existing child if there is one
+        (a shared path is one node: evaluated once, verified once)."""
         up = self.nodes[parent]
-        self.nodes.append(Node(token, parent, up.depth + 1, prob, up.confidence * prob, branch))
-        up.children.append(len(self.nodes) - 1)
+        child = self._child(parent, token)
+        if child is None:
+            self.nodes.append(Node(token, parent, up.depth + 1, prob, up.confidence * prob, branch))
+            child = len(self.nodes) - 1
+            up.children.append(child)
+        else:  # two drafters agree: trust the surer one
+            node = self.nodes[child]
+            node.prob = max(node.prob, prob)
+            node.confidence = max(node.confidence, up.confidence * prob)
         b = self.branches[branch]
-        b.leaf, b.tokens, b.closed = len(self.nodes) - 1, b.tokens + 1, ends(token)
+        b.leaf, b.tokens, b.closed = child, b.tokens + 1, ends(token)
+
+
+# A token this many nats below the draft's best weighs < e^-16 ≈ 1.1e-7 of it in the softmax.
+NEGLIGIBLE_NATS = 16.0
+
+
+def branch_candidates(logits: np.ndarray, branch_p: float) -> list[tuple[int, float]]:
+    """The draft's argmax, then every other token with probability >= branch_p, most probable
+    first, each with its probability (LLMCad's branching rule, greedy drafting).
+
+    The softmax's normaliser sums only the tokens within NEGLIGIBLE_NATS of the best: an exp over
+    a 150,000-token vocabulary at every tree node would cost more than the rest of the node's
+    Python work. The tokens left out change the probabilities by less than 1.1e-7 × vocabulary
+    size relative (1.7 % for Qwen's vocabulary if every token sat just below the cut; in practice
+    nothing). These probabilities only steer drafting; verification never uses them.
+    """
+    best = logits.max()
+    near = np.flatnonzero(logits > best - NEGLIGIBLE_NATS)
+    weights = np.exp(logits[near] - best)
+    probs = weights / weights.sum()
+    order = np.argsort(-probs, kind="stable")  # ties: the lowest token id, as argmax picks
+    kept = order[: max(1, int(np.count_nonzero(probs >= branch_p)))]
+    return [(int(near[i]), float(probs[i])) for i in kept]
 
 
 def verification_batch(tree: TokenTree) -> tuple[list[int], list[int], list[list[int]]]:
@@ -211,13 +270,16 @@ class TreeSummary:
     branches: int
     max_depth: int
     winner_rank: int  # rank by leaf confidence (0 = most confident) of the accepted branch
-    best_drafted: int  # draft tokens on the most confident branch (LLMCad's N_all)
+    best_drafted: int  # draft tokens on the most confident drafted branch (LLMCad's N_all)
     best_accepted: int  # how many of them the target accepted (N_correct)
+    grafted_accepted: int = 0  # accepted tokens that only a grafted (n-gram) branch proposed
 
 
 def summarize(tree: TokenTree, acceptance: Acceptance) -> TreeSummary:
     by_confidence = sorted(range(len(tree.branches)), key=lambda b: -tree.leaf(b).confidence)
-    best_path = tree.path(tree.branches[by_confidence[0]].leaf)
+    best = max(tree.drafted_branches(), key=lambda b: tree.leaf(b).confidence)
+    best_path = tree.path_of(best)
+    drafted = {n for b in tree.drafted_branches() for n in tree.path_of(b)}
     shared = 0
     while shared < min(len(best_path), len(acceptance.path)) and (
         best_path[shared] == acceptance.path[shared]
@@ -230,4 +292,5 @@ def summarize(tree: TokenTree, acceptance: Acceptance) -> TreeSummary:
         winner_rank=by_confidence.index(acceptance.branch),
         best_drafted=len(best_path) - 1,
         best_accepted=shared - 1,  # the shared root is no drafted token
+        grafted_accepted=sum(node not in drafted for node in acceptance.path),
     )

@@ -60,19 +60,11 @@ def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine)
     alone gives (within batch numerics): the sequence-id method really isolates branches."""
     engine = plain_engine
     prefix = engine.prompt_tokens("The capital of France is")
-    vocab = engine.target.n_vocab
-
-    def draft_says(*token_probs: tuple[int, float]) -> np.ndarray:
-        probs = np.zeros(vocab, dtype=np.float32)
-        for token, p in token_probs:
-            probs[token] = p
-        return probs
-
     tree = TokenTree(prefix[-1])
-    budgets = dict(branch_p=0.3, max_branches=4, max_nodes=16)
-    tree.expand(0, draft_says((1000, 0.5), (2000, 0.4)), **budgets)  # root: 1000 | 2000
-    tree.expand(0, draft_says((1001, 0.6), (1002, 0.35)), **budgets)  # 1000: 1001 | 1002
-    tree.expand(1, draft_says((2001, 0.9)), **budgets)  # 2000: 2001
+    budgets = dict(max_branches=4, max_nodes=16)
+    tree.expand(0, [(1000, 0.5), (2000, 0.4)], **budgets)  # root: 1000 | 2000
+    tree.expand(0, [(1001, 0.6), (1002, 0.35)], **budgets)  # 1000: 1001 | 1002
+    tree.expand(1, [(2001, 0.9)], **budgets)  # 2000: 2001
     assert len(tree.branches) == 3 and len(tree.nodes) == 6
 
     ctx = Context(engine.target, n_ctx=512, n_threads=2, n_seq_max=16)
@@ -92,13 +84,16 @@ def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine)
         assert np.abs(rows[node] - alone).max() < 0.5, f"node {node}"
 
 
-def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(q2_draft_engine):
+@pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])
+def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(
+    q2_draft_engine, prompt
+):
     engine = q2_draft_engine
     original = engine._round_tree
     checked = []
 
-    def round_and_check(run, room):
-        decided = original(run, room)
+    def round_and_check(run, room, *graft):
+        decided = original(run, room, *graft)
         for ctx, cached in (
             (engine.target_ctx, run.target_cached),
             (engine.draft_ctx, run.draft_cached),
@@ -113,10 +108,32 @@ def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(q2
 
     engine._round_tree = round_and_check
     try:
-        engine.generate(PROMPTS[0], max_tokens=80, mode="tree", branch_p=0.1, max_branches=4)
+        result = engine.generate(
+            prompt, max_tokens=80, mode="tree", branch_p=0.1, max_branches=4, max_depth=4
+        )
     finally:
         del engine._round_tree
-    assert len(checked) > 10
+    assert len(checked) > 5
+    if prompt == COPY_PROMPT:  # n-gram branches were verified, some alone carried the text
+        assert result.stats.tree.grafted_accepted > 0
+
+
+def test_the_ngram_branch_carries_copied_text_without_changing_it(plain_engine, q2_draft_engine):
+    """The copy is free to propose and may reach past the draft's --max-depth."""
+    plain = plain_engine.generate(COPY_PROMPT, max_tokens=60, mode="target")
+    runs = {
+        graft: q2_draft_engine.generate(
+            COPY_PROMPT, max_tokens=60, mode="tree", max_depth=3, ngram_branch=graft
+        )
+        for graft in (True, False)
+    }
+    tokens = plain_engine.prompt_tokens(COPY_PROMPT)
+    for result in runs.values():
+        assert_same_or_near_tie(plain_engine, tokens, plain.tokens, result.tokens)
+    assert runs[True].stats.tree.grafted_accepted > 0
+    assert runs[False].stats.tree.grafted_accepted == 0
+    per_pass = {g: r.stats.n_generated / r.stats.target_passes for g, r in runs.items()}
+    assert per_pass[True] > per_pass[False]
 
 
 def test_tree_statistics_describe_the_trees(q2_draft_engine):

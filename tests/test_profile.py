@@ -19,8 +19,10 @@ from edgespec.cli.profile_cmd import profile
 from edgespec.errors import BadSettingError
 from edgespec.profile import (
     DEFAULT_RELATIVE,
+    FULL_KS,
     QUICK_KS,
     DeviceProfile,
+    current_cpus,
     load_profile,
     measure_curve,
     measure_profile,
@@ -203,6 +205,18 @@ def test_profile_quick_json_reports_the_curve_and_saves_it(home, runner_app, smo
     )
     assert report["draft"] is None and report["draft_cost"] is None
     assert load_profile(smol_path, n_threads=2) is not None
+
+
+def test_a_quick_profile_does_not_replace_a_full_one(home, runner_app, smol_path):
+    full = a_profile(
+        smol_path, cpus=current_cpus(), ks=list(FULL_KS), seconds=[0.01 * k for k in FULL_KS]
+    )
+    save_profile(full)
+    args = ["profile", "-m", str(smol_path), "-t", "2", "--quick", "--json"]
+    result = CliRunner().invoke(runner_app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["saved"] == []
+    assert load_profile(smol_path, n_threads=2) == full
 
 
 def test_profile_with_a_draft_reports_its_cost_in_target_steps(home, runner_app, smol_path):

@@ -12,7 +12,7 @@ from edgespec.scheduler import (
     next_alpha,
     verify_cause,
 )
-from edgespec.tree import TokenTree
+from edgespec.tree import TokenTree, branch_candidates
 
 VOCAB = 50
 EOG = 49
@@ -22,7 +22,8 @@ def grow(tree: TokenTree, branch: int, spec: dict[int, float], max_nodes: int = 
     p = np.full(VOCAB, (1.0 - sum(spec.values())) / (VOCAB - len(spec)))
     for token, prob in spec.items():
         p[token] = prob
-    tree.expand(branch, p, branch_p=0.3, max_branches=4, max_nodes=max_nodes, is_eog={EOG})
+    children = branch_candidates(np.log(p), branch_p=0.3)
+    tree.expand(branch, children, max_branches=4, max_nodes=max_nodes, is_eog={EOG})
 
 
 def test_the_pacer_extends_the_branch_furthest_below_its_share() -> None:
@@ -77,7 +78,7 @@ def test_low_tree_confidence_triggers_verification() -> None:
 def test_the_node_budget_triggers_verification() -> None:
     tree = TokenTree(1)
     for branch in (0, 0, 0):
-        grow(tree, branch, {10: 0.9, 20: 0.31}, max_nodes=CFG.max_nodes)  # 1 + 2 + 2 + 2 nodes
+        grow(tree, branch, {10: 0.6, 20: 0.31}, max_nodes=CFG.max_nodes)  # 1 + 2 + 2 + 2 nodes
     assert len(tree.nodes) == 7 and tree.depth == 3
     assert verify_cause(tree, 0.0, TriggerConfig(max_nodes=8, max_depth=9)) is None
     grow(tree, 1, {11: 0.9})
@@ -126,3 +127,12 @@ def test_alpha_is_clamped() -> None:
 
 def test_alpha_is_unchanged_when_nothing_was_drafted() -> None:
     assert next_alpha(0.37, drafted=0, accepted=0) == 0.37
+
+
+def test_a_grafted_branch_neither_keeps_the_draft_going_nor_ends_it() -> None:
+    cfg = TriggerConfig(max_nodes=32, max_depth=3)
+    tree = TokenTree(1)
+    tree.graft([10, 11, 12, 13], [0.99] * 4, max_branches=4, max_nodes=32)  # deeper than 3
+    assert verify_cause(tree, alpha=0.5, cfg=cfg) is None  # the draft has not started
+    grow(tree, 0, {20: 0.4})
+    assert verify_cause(tree, alpha=0.5, cfg=cfg) == "confidence"  # the graft's .96 counts not

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.tree import BranchCopy, TokenTree, greedy_accept, summarize, verification_batch
+from edgespec.tree import (
+    BranchCopy,
+    TokenTree,
+    branch_candidates,
+    greedy_accept,
+    summarize,
+    verification_batch,
+)
 
 VOCAB = 50
 EOG = 49
@@ -19,9 +26,13 @@ def probs(spec: dict[int, float]) -> np.ndarray:
     return p
 
 
-def grow(tree: TokenTree, branch: int, spec: dict[int, float], **budgets) -> list[BranchCopy]:
-    settings = {"branch_p": 0.3, "max_branches": 4, "max_nodes": 32, "is_eog": {EOG}} | budgets
-    return tree.expand(branch, probs(spec), **settings)
+def grow(
+    tree: TokenTree, branch: int, spec: dict[int, float], branch_p: float = 0.3, **budgets
+) -> list[BranchCopy]:
+    """Expand `branch` as the engine does under greedy drafting, from the draft's logits."""
+    settings = {"max_branches": 4, "max_nodes": 32, "is_eog": {EOG}} | budgets
+    logits = np.log(np.maximum(probs(spec), 1e-30))  # a spec may leave the rest no mass
+    return tree.expand(branch, branch_candidates(logits, branch_p), **settings)
 
 
 def forked_tree() -> TokenTree:
@@ -88,6 +99,21 @@ def test_max_nodes_caps_the_tree_including_the_continuation() -> None:
     assert len(tree.nodes) == 3 and len(tree.branches) == 2
     assert grow(tree, 0, {11: 0.9}, max_nodes=3) == []
     assert len(tree.nodes) == 3
+
+
+def test_branch_candidates_are_the_softmax_of_the_drafts_logits() -> None:
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0.0, 3.0, 151_936).astype(np.float32)  # a Qwen-sized vocabulary
+    logits[[500, 900, 77]] = [21.0, 20.6, 19.9]
+    exact = np.exp(logits.astype(np.float64) - logits.max())
+    exact /= exact.sum()
+    candidates = branch_candidates(logits, branch_p=0.2)
+    assert [token for token, _ in candidates] == [500, 900]  # .47, .31; 77 has .16
+    # This bulk of tokens 16+ nats below the best is heavier than a language model's: the
+    # documented bound (the left-out tokens weigh < e^-16 each) is what must hold.
+    for token, prob in candidates:
+        assert prob == pytest.approx(exact[token], rel=logits.size * np.exp(-16.0))
+    assert branch_candidates(logits, branch_p=1.0) == candidates[:1]  # the argmax alone
 
 
 def test_a_new_branch_copies_its_parent_branch_up_to_the_shared_parent() -> None:
@@ -166,3 +192,53 @@ def test_the_summary_ranks_the_winner_and_scores_the_most_confident_branch() -> 
 
     summary = summarize(tree, greedy_accept(tree, np.array([20, 0, 21, 0, 0, 40])))
     assert (summary.winner_rank, summary.best_drafted, summary.best_accepted) == (0, 2, 2)
+
+
+# ----- another drafter's proposal grafted onto the tree (SpecInfer's several drafters) -----
+
+
+def grafted_tree() -> TokenTree:
+    """root(1) ── 10 ── 11 ── 12   branch 1, grafted (n-gram), probs .9 each
+    then the draft extends branch 0 (the root): it agrees on 10, disagrees after it."""
+    tree = TokenTree(1)
+    assert tree.graft([10, 11, 12], [0.9, 0.9, 0.9], max_branches=4, max_nodes=32) == 1
+    return tree
+
+
+def test_a_grafted_proposal_is_a_branch_the_draft_never_extends() -> None:
+    tree = grafted_tree()
+    assert [n.token for n in tree.nodes] == [1, 10, 11, 12]
+    assert tree.leaf(1).confidence == pytest.approx(0.9**3)
+    assert tree.open_branches() == tree.drafted_branches() == [0]
+
+
+def test_a_draft_token_equal_to_a_grafted_child_shares_its_node() -> None:
+    tree = grafted_tree()
+    grow(tree, 0, {10: 0.95})
+    assert len(tree.nodes) == 4  # no second node for 10
+    assert tree.branches[0].leaf == 1 and tree.leaf(0).confidence == pytest.approx(0.95)
+    grow(tree, 0, {13: 0.6, 11: 0.35})  # 11 already has its node: no duplicate branch for it
+    assert [n.token for n in tree.nodes] == [1, 10, 11, 12, 13]
+    assert len(tree.branches) == 2
+    _, _, seq_ids = verification_batch(tree)
+    assert seq_ids == [[0, 1], [0, 1], [1], [1], [0]]
+
+
+def test_tokens_only_the_grafted_branch_proposed_are_counted_when_accepted() -> None:
+    tree = grafted_tree()
+    grow(tree, 0, {10: 0.95})
+    grow(tree, 0, {13: 0.6})
+    target = np.array([10, 11, 12, 0, 0])  # the n-gram was right throughout
+    accepted = greedy_accept(tree, target)
+    assert (accepted.tokens, accepted.branch) == ([10, 11, 12], 1)
+    summary = summarize(tree, accepted)
+    assert summary.grafted_accepted == 2  # 11 and 12; 10 the draft proposed too
+    assert (summary.best_drafted, summary.best_accepted) == (2, 1)  # the draft's own branch
+
+
+def test_a_graft_respects_the_node_and_branch_budgets() -> None:
+    tree = TokenTree(1)
+    assert tree.graft([10, 11, 12, 13], [0.9] * 4, max_branches=4, max_nodes=3) == 1
+    assert len(tree.nodes) == 3
+    full = TokenTree(1)
+    assert full.graft([10], [0.9], max_branches=1, max_nodes=32) is None
