@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 
 from edgespec.backend import Context
@@ -77,3 +79,10 @@ def write_tiny_gguf(path, n_vocab: int):
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def hear_ctrl_c() -> None:
+    """In a child about to exec: let SIGINT through again. A test run started in the background
+    by a non-interactive shell ignores SIGINT, and exec keeps that for every child; a user's
+    terminal does not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,6 +18,8 @@ import edgespec
 from edgespec.conversation import Conversation, Message
 from edgespec.errors import ContextOverflowError, EdgespecError
 
+from .helpers import hear_ctrl_c
+
 STATS_LINE = r"\d+ tokens, .*context \d+/\d+"
 TIMEOUT = 60.0  # per step: generous, the test machines are small and shared
 
@@ -38,6 +40,7 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: become the command
+            hear_ctrl_c()
             os.execve(argv[0], argv, env)
         self.output = ""  # everything read so far
         self.seen = 0  # output before this offset is matched already

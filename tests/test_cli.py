@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.cli.app import main
 
-from .helpers import write_tiny_gguf
+from .helpers import hear_ctrl_c, write_tiny_gguf
 
 STATS_KEYS = {
     "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
@@ -136,6 +136,7 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--no-such-flag"], "no-such-flag"),
         (["--target-cpus", "9999"], "not available"),
         (["--draft-cpus", "1-x"], "bad CPU list"),
+        (["--mode", "tree", "--alpha0", "0"], "--alpha0"),
     ],
 )
 def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
@@ -160,7 +161,7 @@ def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "--draft",
          str(smol_path), "-n", "2000", "-c", "4096", "--raw", *placement, "Once upon a time"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=hear_ctrl_c,
     )  # fmt: skip
     assert proc.stdout is not None
     first = proc.stdout.read1(64)  # wait until text is streaming
