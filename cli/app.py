@@ -155,9 +155,11 @@ def run(
     max_branches: opt.MaxBranches = 4,
     max_nodes: opt.MaxNodes = 16,
     max_depth: opt.MaxDepth = 8,
-    alpha0: opt.Alpha0 = 0.01,
+    alpha0: opt.Alpha0 = None,
     scheduler: opt.Scheduler = "pacer",
+    adaptive_alpha: opt.AdaptiveAlpha = None,
     ngram_branch: opt.NgramBranch = True,
+    calibrated: opt.Calibrated = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,
@@ -183,7 +185,9 @@ def run(
         max_depth=max_depth,
         alpha0=alpha0,
         scheduler=scheduler,
+        adaptive_alpha=adaptive_alpha,
         ngram_branch=ngram_branch,
+        calibrated=calibrated,
     )
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     try:

@@ -82,12 +82,33 @@ BranchP = Annotated[float, typer.Option(help="Tree: a candidate this probable st
 MaxBranches = Annotated[int, typer.Option(help="Tree: branches at most")]
 MaxNodes = Annotated[int, typer.Option(help="Tree: nodes per verification at most (root included)")]
 MaxDepth = Annotated[int, typer.Option(help="Tree: depth at most")]
-Alpha0 = Annotated[float, typer.Option(help="Tree: initial confidence threshold for verifying")]
+Alpha0 = Annotated[
+    float | None,
+    typer.Option(
+        help="Tree: first confidence threshold for verifying [default: 0.3 fixed, 0.01 adaptive]"
+    ),
+]
 Scheduler = Annotated[str, typer.Option(help="Tree: branch scheduler, pacer (LLMCad) or greedy")]
 NgramBranch = Annotated[
     bool,
     typer.Option(
         "--ngram-branch/--no-ngram-branch",
         help="Tree, greedy: also verify the n-gram drafter's proposal as a branch",
+    ),
+]
+Calibrated = Annotated[
+    bool,
+    typer.Option(
+        "--calibrated/--raw-confidence",
+        help="Tree, greedy: weigh draft tokens by how often the target has accepted tokens the "
+        "draft was as sure of, not by the draft's own probability (LLMCad)",
+    ),
+]
+AdaptiveAlpha = Annotated[
+    bool | None,
+    typer.Option(
+        "--adaptive-alpha/--fixed-alpha",
+        help="Tree: after each verification move alpha as LLMCad does, or keep --alpha0 "
+        "[default: fixed on calibrated confidences, adaptive on raw ones]",
     ),
 ]

@@ -131,14 +131,25 @@ def available_modes(has_draft: bool) -> list[str]:
     return [m for m in MODES if has_draft or not needs_draft(m)] + list(LLAMA_MODES)
 
 
+TREE_WORDS = {  # what may follow a tree's size in a bench mode, e.g. "tree:9:greedy:raw"
+    **{name: {"scheduler": name} for name in SCHEDULERS},
+    "raw": {"calibrated": False},  # LLMCad's raw draft probabilities
+    "adaptive": {"adaptive_alpha": True},  # LLMCad's update of alpha
+    "fixed": {"adaptive_alpha": False},
+    "nogram": {"ngram_branch": False},  # no n-gram branch
+    # LLMCad as published: raw probabilities, alpha from 0.01 on, adapted
+    "llmcad": {"calibrated": False, "adaptive_alpha": True, "alpha0": 0.01},
+}
+
+
 def engine_options(mode: str) -> dict[str, Any]:
     """Engine.generate's options for a bench mode: "chain" or, with a size, "chain:8" (draft
     length of chain and ngram, node budget of tree), so that sizes can be compared in one run;
-    a tree may also name its scheduler, "tree:9:pacer"."""
+    a tree may also name its scheduler and "raw" or "nogram" (see TREE_WORDS), "tree:9:pacer"."""
     name, _, rest = mode.partition(":")
     if not rest:
         return {"mode": name}
-    size, _, scheduler = rest.partition(":")
+    size, *words = rest.split(":")
     if name not in ("chain", "ngram", "tree") or not size.isdigit() or int(size) < 1:
         raise BadSettingError(
             f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
@@ -147,13 +158,13 @@ def engine_options(mode: str) -> dict[str, Any]:
         "mode": name,
         "max_nodes" if name == "tree" else "draft_max": int(size),
     }
-    if scheduler:
-        if name != "tree" or scheduler not in SCHEDULERS:
+    for word in words:
+        if name != "tree" or word not in TREE_WORDS:
             raise BadSettingError(
-                f"bad mode {mode!r}: only a tree names a scheduler ({', '.join(SCHEDULERS)}),"
+                f"bad mode {mode!r}: only a tree takes more, one of {', '.join(TREE_WORDS)},"
                 " e.g. tree:9:pacer"
             )
-        options["scheduler"] = scheduler
+        options.update(TREE_WORDS[word])
     return options
 
 

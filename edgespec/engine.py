@@ -24,6 +24,7 @@ from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter, Proposal
 from .policy import (
     AutoPolicy,
+    Calibrator,
     Costs,
     best_proposal_length,
     expected_tokens,
@@ -36,10 +37,11 @@ from .stats import Stats, TreeStats
 from .text import Detokenizer, StopMatcher
 from .tree import (
     TokenTree,
-    branch_candidates,
+    branch_children,
     greedy_accept,
     sampled_accept,
     summarize,
+    top_candidates,
     verification_batch,
 )
 
@@ -48,6 +50,8 @@ MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers
 SCHEDULERS = ("pacer", "greedy")
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
+LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
+FIXED_ALPHA = 0.3  # verify once the best branch is less likely than this to be accepted in full
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,29 @@ class GenerationConfig:
     max_branches: int = 4
     max_nodes: int = 16  # tree size, root included: bounds the verification batch
     max_depth: int = 8
-    alpha0: float = 0.01  # initial confidence threshold for verifying
+    alpha0: float | None = None  # initial confidence threshold for verifying; see alpha_rule
+    adaptive_alpha: bool | None = None  # LLMCad's update of alpha after each verification
     scheduler: str = "pacer"
     ngram_branch: bool = True  # greedy trees also verify the n-gram drafter's proposal
+    calibrated: bool = True  # greedy trees weigh draft tokens by their learnt acceptance
 
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+
+    def alpha_rule(self) -> tuple[float, bool]:
+        """The tree's first alpha and whether it adapts, where not given.
+
+        Calibrated confidences (greedy trees by default) are chances that the target accepts the
+        branch, and for a given amount of drafting the most tokens come from stopping at a fixed
+        such chance: FIXED_ALPHA, measured here. The draft's raw probabilities (sampling,
+        --raw-confidence) are no such chances; LLMCad's rule from 0.01 on learns how far to
+        trust them.
+        """
+        calibrated = self.calibrated and self.temperature == 0
+        adaptive = not calibrated if self.adaptive_alpha is None else self.adaptive_alpha
+        default = LLMCAD_ALPHA0 if adaptive else FIXED_ALPHA
+        return (default if self.alpha0 is None else self.alpha0), adaptive
 
     def validate(self, has_draft: bool) -> None:
         _ = self.sampling  # validates the sampling settings
@@ -105,7 +125,10 @@ class GenerationConfig:
                 1 <= self.max_depth <= 64,
                 f"--max-depth must be between 1 and 64 (got {self.max_depth})",
             ),
-            (0 < self.alpha0 <= 1, f"--alpha0 must be in (0, 1] (got {self.alpha0})"),
+            (
+                self.alpha0 is None or 0 < self.alpha0 <= 1,
+                f"--alpha0 must be in (0, 1] (got {self.alpha0})",
+            ),
             (
                 self.scheduler in SCHEDULERS,
                 f"--scheduler must be one of {', '.join(SCHEDULERS)} (got {self.scheduler!r})",
@@ -137,11 +160,15 @@ class _Run:
     target_cached: int = 0  # tokens[:target_cached] are in the target's sequence 0
     draft_cached: int = 0
     generated: list[int] = field(default_factory=list)
-    alpha: float = 0.01  # the tree's adaptive verification threshold, carried across rounds
+    alpha: float = 0.01  # the tree's verification threshold, carried across rounds
+    adaptive_alpha: bool = True
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     policy: AutoPolicy | None = None
+    # How often the target agrees with the draft's argmax, by the draft's probability of it:
+    # learnt from every verification of this generation (auto's policy shares it).
+    calibrator: Calibrator = field(default_factory=Calibrator)
     draft_step_s: float = 0.0  # one draft evaluation in the last drafted chain, catching up aside
 
 
@@ -312,10 +339,11 @@ class Engine:
         native_before = self._native_s()
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
-        run.alpha = cfg.alpha0
+        run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         if cfg.mode == "auto":
             arms = ("chain", "tree") if self.draft else ()
             run.policy = AutoPolicy(Costs(self.relative_cost), arms)
+            run.calibrator = run.policy.calibrator
             if self.draft_profile:  # else the first model round measures it
                 run.policy.costs.draft_s.update(self.draft_profile.step_s)
         round_fn = {
@@ -422,7 +450,7 @@ class Engine:
             if params.greedy and keep_going is None:
                 token = int(row.argmax())
             elif params.greedy:
-                token, confidence = branch_candidates(row, 1.0)[0]  # the argmax, its probability
+                token, confidence = top_candidates(row, 1)[0]  # the argmax, its probability
                 confidences.append(confidence)
             else:
                 q_rows[i] = probs_from_logits(row, params)
@@ -535,7 +563,7 @@ class Engine:
     def _auto_chain(self, run: _Run, limit: int) -> list[int]:
         """A model chain whose length is decided token by token: draft on while one more token
         raises the expected rate, judged from the calibrated confidences and measured costs."""
-        calibrator, costs = run.policy.calibrator, run.policy.costs
+        calibrator, costs = run.calibrator, run.policy.costs
         accept_probs: list[float] = []
 
         def keep_going(confidences: list[float]) -> bool:
@@ -592,6 +620,8 @@ class Engine:
         # Sampling: children are draws from the draft's distribution, kept per node for the
         # verification (SpecInfer); node i's distribution is row i of the reused buffer.
         draws: dict[int, list[int]] = {}
+        # Greedy: each evaluated node's draft argmax and its probability, for the calibrator.
+        argmax_of: dict[int, tuple[int, float]] = {}
         q_rows = self._draft_rows(cfg.max_nodes) if not params.greedy else self._q_rows
         t0 = time.perf_counter()
         while (cause := verify_cause(tree, run.alpha, trigger)) is None:
@@ -606,10 +636,14 @@ class Engine:
             else:
                 logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
             stats.draft_evals += 1
+            node = tree.branches[branch].leaf
             if params.greedy:
-                children = branch_candidates(logits[-1], cfg.branch_p)
+                candidates = top_candidates(logits[-1], cfg.max_branches)
+                argmax_of[node] = candidates[0]
+                p_top = candidates[0][1]
+                chance = run.calibrator.predict(p_top) if cfg.calibrated else None
+                children = branch_children(candidates, cfg.branch_p, chance)
             else:
-                node = tree.branches[branch].leaf
                 probs = q_rows[node]
                 probs[:] = probs_from_logits(logits[-1], params)
                 # As many draws as the draft has likely candidates, decided before drawing: the
@@ -640,7 +674,12 @@ class Engine:
             logits="all",
         )
         if params.greedy:
-            accepted = greedy_accept(tree, logits.argmax(axis=1))
+            target_argmax = logits.argmax(axis=1)
+            accepted = greedy_accept(tree, target_argmax)
+            # Every evaluated node, on the accepted path or not, is one observation of whether
+            # the target agrees with the draft's argmax after that node's path.
+            for node, (top, p_top) in argmax_of.items():
+                run.calibrator.record(p_top, bool(top == target_argmax[node]))
         else:
             accepted = sampled_accept(
                 tree,
@@ -654,7 +693,8 @@ class Engine:
             stats.record_verification(len(tree.nodes) - 1, len(accepted.tokens))
             summary = summarize(tree, accepted)
             stats.tree.record(summary, cause, run.alpha)
-            run.alpha = next_alpha(run.alpha, summary.best_drafted, summary.best_accepted)
+            if run.adaptive_alpha:
+                run.alpha = next_alpha(run.alpha, summary.best_drafted, summary.best_accepted)
 
         end = root_pos + len(accepted.path)  # positions below this hold committed tokens
         self._keep_branch(self.target_ctx, accepted.branch, end)

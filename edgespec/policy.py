@@ -17,6 +17,7 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 # suits the device, every token as sure as the surest) beats plain decoding by this much; real
 # chains reach a fraction of it, and a first try costs catching the draft up on the text.
 CEILING_MARGIN = 1.10
+SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Calibrator:
 
     EAGLE-2 observed that draft confidence predicts acceptance well; the mapping differs per model
     pair and task, so it is learned online in confidence bins, starting from "acceptance =
-    confidence" with the weight of a few observations.
+    confidence" with the weight of a few observations (so an untrained calibrator changes nothing).
     """
 
     BINS = 10
@@ -51,8 +52,7 @@ class Calibrator:
 
     def predict(self, confidence: float) -> float:
         b = self._bin(confidence)
-        prior = (b + 0.5) / self.BINS
-        return (self.hits[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
+        return (self.hits[b] + self.prior_weight * confidence) / (self.seen[b] + self.prior_weight)
 
     def record(self, confidence: float, accepted: bool) -> None:
         b = self._bin(confidence)
@@ -177,7 +177,7 @@ class AutoPolicy:
         while the draft's cost is unknown."""
         if self.costs.draft_s.value is None:
             return None
-        return model_draft_ceiling(self.calibrator.predict(1.0), self.costs)
+        return model_draft_ceiling(self.calibrator.predict(SUREST), self.costs)
 
     def models_can_pay(self) -> bool:
         ceiling = self.model_ceiling()

@@ -25,7 +25,9 @@ class Node:
     token: int
     parent: int  # index into TokenTree.nodes, -1 for the root
     depth: int  # 0 for the root
-    prob: float  # draft probability of this token given its parent's path
+    # The chance that the target takes this token after its parent's path: the draft's
+    # probability (LLMCad), its calibrated form (branch_children) or another drafter's estimate.
+    prob: float
     confidence: float  # product of the probs from the root: LLMCad's branch confidence C_i
     branch: int  # the branch this node was drafted on
     children: list[int] = field(default_factory=list)
@@ -123,7 +125,7 @@ class TokenTree:
         `children` are (token, draft probability), distinct: the first extends the branch (greedy:
         the argmax; sampling: the first draw), each other starts a new branch under the same
         parent, in order, while fewer than max_branches branches and max_nodes nodes exist.
-        Returns the KV copies the new branches need. See `branch_candidates` for greedy children.
+        Returns the KV copies the new branches need. See `branch_children` for greedy children.
         """
         ends = is_eog if callable(is_eog) else is_eog.__contains__
         if self.branches[branch].closed:
@@ -172,9 +174,9 @@ class TokenTree:
 NEGLIGIBLE_NATS = 16.0
 
 
-def branch_candidates(logits: np.ndarray, branch_p: float) -> list[tuple[int, float]]:
-    """The draft's argmax, then every other token with probability >= branch_p, most probable
-    first, each with its probability (LLMCad's branching rule, greedy drafting).
+def top_candidates(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The draft's n most probable tokens, most probable first, with their probabilities; the
+    first is the argmax (the lowest token id among equals, as argmax picks).
 
     The softmax's normaliser sums only the tokens within NEGLIGIBLE_NATS of the best: an exp over
     a 150,000-token vocabulary at every tree node would cost more than the rest of the node's
@@ -186,9 +188,32 @@ def branch_candidates(logits: np.ndarray, branch_p: float) -> list[tuple[int, fl
     near = np.flatnonzero(logits > best - NEGLIGIBLE_NATS)
     weights = np.exp(logits[near] - best)
     probs = weights / weights.sum()
-    order = np.argsort(-probs, kind="stable")  # ties: the lowest token id, as argmax picks
-    kept = order[: max(1, int(np.count_nonzero(probs >= branch_p)))]
-    return [(int(near[i]), float(probs[i])) for i in kept]
+    first = int(np.argmax(probs))  # `near` is in token order: the lowest id among equals
+    rest = np.delete(np.arange(near.size), first)
+    if rest.size > n - 1 > 0:
+        rest = np.sort(rest[np.argpartition(-probs[rest], n - 2)[: n - 1]])
+    rest = rest[np.argsort(-probs[rest], kind="stable")][: max(n - 1, 0)]
+    return [(int(near[i]), float(probs[i])) for i in (first, *rest)]
+
+
+def branch_children(
+    candidates: Sequence[tuple[int, float]], branch_p: float, top_acceptance: float | None = None
+) -> list[tuple[int, float]]:
+    """LLMCad's branching rule on `candidates` (top_candidates): the draft's argmax continues
+    the branch, and every other candidate whose chance of being the target's token is at least
+    branch_p starts one; each comes with that chance, which the tree's confidences multiply.
+
+    LLMCad takes the draft's probability for that chance. A draft may be under- or
+    overconfident for its target and task, so `top_acceptance` may give the learnt chance that
+    the target agrees with the argmax here; the other candidates then share the rest in the
+    draft's proportions. The tree then branches where the draft really is unsure and stays a
+    chain where it is not, and its confidences say how likely a branch is to be accepted.
+    """
+    (top, p_top), others = candidates[0], candidates[1:]
+    chance_top = p_top if top_acceptance is None else top_acceptance
+    scale = (1.0 - chance_top) / (1.0 - p_top) if p_top < 1.0 else 0.0
+    chances = ((token, p * scale) for token, p in others)
+    return [(top, chance_top), *((t, c) for t, c in chances if c >= branch_p)]
 
 
 def verification_batch(tree: TokenTree) -> tuple[list[int], list[int], list[list[int]]]:

@@ -113,13 +113,22 @@ def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
         assert short.overhead_ms is not None and short.overhead_ms > 0
 
 
-def test_a_tree_mode_may_name_its_scheduler():
+def test_a_tree_mode_may_name_its_scheduler_and_turn_calibration_or_the_ngram_branch_off():
     assert engine_options("tree:9:pacer") == {"mode": "tree", "max_nodes": 9, "scheduler": "pacer"}
     assert engine_options("tree:9") == {"mode": "tree", "max_nodes": 9}
+    assert engine_options("tree:9:llmcad")["alpha0"] == 0.01
+    assert engine_options("tree:9:fixed")["adaptive_alpha"] is False
+    assert engine_options("tree:5:greedy:raw:nogram") == {
+        "mode": "tree",
+        "max_nodes": 5,
+        "scheduler": "greedy",
+        "calibrated": False,
+        "ngram_branch": False,
+    }
 
 
 def test_a_size_on_a_mode_without_one_is_refused(smol_path, tiny_suite):
-    for bad in ("target:4", "chain:0", "chain:x", "chain:4:pacer", "tree:4:nobody"):
+    for bad in ("target:4", "chain:0", "chain:x", "chain:4:pacer", "chain:4:raw", "tree:4:nobody"):
         with pytest.raises(BadSettingError, match="bad mode"):
             run_bench(smol_path, smol_path, [bad], load_prompts(tiny_suite))
 

@@ -108,9 +108,11 @@ def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(
 
     engine._round_tree = round_and_check
     try:
+        # alpha0 0.01: long n-gram grafts, so that grafted paths are committed too
         result = engine.generate(
-            prompt, max_tokens=80, mode="tree", branch_p=0.1, max_branches=4, max_depth=4
-        )
+            prompt, max_tokens=80, mode="tree", branch_p=0.1, max_branches=4, max_depth=4,
+            alpha0=0.01,
+        )  # fmt: skip
     finally:
         del engine._round_tree
     assert len(checked) > 5
@@ -134,6 +136,39 @@ def test_the_ngram_branch_carries_copied_text_without_changing_it(plain_engine, 
     assert runs[False].stats.tree.grafted_accepted == 0
     per_pass = {g: r.stats.n_generated / r.stats.target_passes for g, r in runs.items()}
     assert per_pass[True] > per_pass[False]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_that_is_right(
+    plain_engine, self_draft_engine, prompt
+):
+    """With the target as its own draft every argmax is accepted, however unsure the draft was:
+    the calibrated tree learns that and grows the winning line, where LLMCad's rule on the raw
+    probabilities keeps drafting side branches that never win. Both stay lossless."""
+    runs = {
+        calibrated: check_greedy(
+            plain_engine, self_draft_engine, prompt, "tree", n=64, branch_p=0.1,
+            calibrated=calibrated, ngram_branch=False, alpha0=0.01, adaptive_alpha=False,
+        ).stats
+        for calibrated in (True, False)
+    }  # fmt: skip
+    per_eval = {c: s.accepted_tokens / s.draft_evals for c, s in runs.items()}
+    assert per_eval[True] > per_eval[False]
+    assert runs[True].tree.nodes / runs[True].tree.trees > 0  # it still drafted trees
+    assert runs[False].tree.max_branches > 1  # the raw rule did branch
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_alpha_moves_after_verifications_only_when_adaptive(q2_draft_engine, adaptive):
+    stats = q2_draft_engine.generate(
+        PROMPTS[1], max_tokens=48, mode="tree", alpha0=0.2, adaptive_alpha=adaptive
+    ).stats
+    alphas = stats.tree.to_dict()
+    assert stats.tree.trees > 3
+    if adaptive:  # LLMCad's rule: halved after a full acceptance, else the rejected fraction
+        assert alphas["alpha_min"] < alphas["alpha_max"]
+    else:
+        assert alphas["alpha_min"] == alphas["alpha_max"] == 0.2
 
 
 def test_tree_statistics_describe_the_trees(q2_draft_engine):

@@ -12,7 +12,7 @@ from edgespec.scheduler import (
     next_alpha,
     verify_cause,
 )
-from edgespec.tree import TokenTree, branch_candidates
+from edgespec.tree import TokenTree, branch_children, top_candidates
 
 VOCAB = 50
 EOG = 49
@@ -22,7 +22,7 @@ def grow(tree: TokenTree, branch: int, spec: dict[int, float], max_nodes: int = 
     p = np.full(VOCAB, (1.0 - sum(spec.values())) / (VOCAB - len(spec)))
     for token, prob in spec.items():
         p[token] = prob
-    children = branch_candidates(np.log(p), branch_p=0.3)
+    children = branch_children(top_candidates(np.log(p), 4), branch_p=0.3)
     tree.expand(branch, children, max_branches=4, max_nodes=max_nodes, is_eog={EOG})
 
 

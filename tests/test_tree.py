@@ -8,9 +8,10 @@ import pytest
 from edgespec.tree import (
     BranchCopy,
     TokenTree,
-    branch_candidates,
+    branch_children,
     greedy_accept,
     summarize,
+    top_candidates,
     verification_batch,
 )
 
@@ -32,7 +33,8 @@ def grow(
     """Expand `branch` as the engine does under greedy drafting, from the draft's logits."""
     settings = {"max_branches": 4, "max_nodes": 32, "is_eog": {EOG}} | budgets
     logits = np.log(np.maximum(probs(spec), 1e-30))  # a spec may leave the rest no mass
-    return tree.expand(branch, branch_candidates(logits, branch_p), **settings)
+    children = branch_children(top_candidates(logits, 4), branch_p)
+    return tree.expand(branch, children, **settings)
 
 
 def forked_tree() -> TokenTree:
@@ -101,19 +103,53 @@ def test_max_nodes_caps_the_tree_including_the_continuation() -> None:
     assert len(tree.nodes) == 3
 
 
-def test_branch_candidates_are_the_softmax_of_the_drafts_logits() -> None:
+def test_top_candidates_are_the_softmax_of_the_drafts_logits() -> None:
     rng = np.random.default_rng(7)
     logits = rng.normal(0.0, 3.0, 151_936).astype(np.float32)  # a Qwen-sized vocabulary
     logits[[500, 900, 77]] = [21.0, 20.6, 19.9]
     exact = np.exp(logits.astype(np.float64) - logits.max())
     exact /= exact.sum()
-    candidates = branch_candidates(logits, branch_p=0.2)
-    assert [token for token, _ in candidates] == [500, 900]  # .47, .31; 77 has .16
+    candidates = top_candidates(logits, 3)
+    assert [token for token, _ in candidates] == [500, 900, 77]  # .47, .31, .16
     # This bulk of tokens 16+ nats below the best is heavier than a language model's: the
     # documented bound (the left-out tokens weigh < e^-16 each) is what must hold.
     for token, prob in candidates:
         assert prob == pytest.approx(exact[token], rel=logits.size * np.exp(-16.0))
-    assert branch_candidates(logits, branch_p=1.0) == candidates[:1]  # the argmax alone
+    assert [t for t, _ in branch_children(candidates, 0.2)] == [500, 900]
+    assert branch_children(candidates, 1.0) == candidates[:1]  # the argmax alone
+
+
+def test_top_candidates_are_the_n_most_probable_argmax_first() -> None:
+    logits = np.log(probs({3: 0.5, 40: 0.2, 7: 0.2, 9: 0.05}))
+    assert [t for t, _ in top_candidates(logits, 3)] == [3, 7, 40]  # equals: lower id first
+    assert top_candidates(logits, 1) == [(3, pytest.approx(0.5))]
+    tied = np.zeros(VOCAB)
+    assert top_candidates(tied, 2)[0][0] == 0  # as argmax picks
+
+
+CANDIDATES = [(10, 0.6), (20, 0.35), (30, 0.05)]
+
+
+def test_without_calibration_children_are_llmcads_rule_on_the_drafts_probabilities() -> None:
+    assert branch_children(CANDIDATES, 0.3) == [(10, 0.6), (20, 0.35)]
+    assert branch_children(CANDIDATES, 0.5) == [(10, 0.6)]  # the argmax always continues
+
+
+def test_an_underconfident_draft_whose_argmax_is_usually_right_stays_a_chain() -> None:
+    # The target took this draft's 0.6-argmaxes 95 % of the time: the runner-up has 3.5 %.
+    children = branch_children(CANDIDATES, 0.3, top_acceptance=0.95)
+    assert children == [(10, 0.95)]
+
+
+def test_an_overconfident_draft_branches_on_candidates_below_the_threshold() -> None:
+    # Only 30 % of its 0.7-argmaxes were right: the 0.2 runner-up holds 0.7 · 0.2/0.3 of the rest.
+    children = branch_children([(10, 0.7), (20, 0.2), (30, 0.1)], 0.3, top_acceptance=0.3)
+    assert [t for t, _ in children] == [10, 20]
+    assert children[1][1] == pytest.approx(0.7 * 0.2 / 0.3)
+
+
+def test_a_certain_draft_leaves_nothing_to_its_runners_up() -> None:
+    assert branch_children([(1, 1.0), (2, 0.0)], 0.01, top_acceptance=0.5) == [(1, 0.5)]
 
 
 def test_a_new_branch_copies_its_parent_branch_up_to_the_shared_parent() -> None:
