@@ -145,7 +145,7 @@ TREE_WORDS = {  # what may follow a tree's size in a bench mode, e.g. "tree:9:gr
 def engine_options(mode: str) -> dict[str, Any]:
     """Engine.generate's options for a bench mode: "chain" or, with a size, "chain:8" (draft
     length of chain and ngram, node budget of tree), so that sizes can be compared in one run;
-    a tree may also name its scheduler and "raw" or "nogram" (see TREE_WORDS), "tree:9:pacer"."""
+    a tree may also take the words of TREE_WORDS, "tree:9:pacer", "tree:9:llmcad:nogram"."""
     name, _, rest = mode.partition(":")
     if not rest:
         return {"mode": name}
