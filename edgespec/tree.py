@@ -172,6 +172,7 @@ class TokenTree:
 
 # A token this many nats below the draft's best weighs < e^-16 ≈ 1.1e-7 of it in the softmax.
 NEGLIGIBLE_NATS = 16.0
+CLOSE_WEIGHT = float(np.exp(-8.0))  # tokens this close to the best: where candidates are found
 
 
 def top_candidates(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
@@ -187,13 +188,18 @@ def top_candidates(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
     best = logits.max()
     near = np.flatnonzero(logits > best - NEGLIGIBLE_NATS)
     weights = np.exp(logits[near] - best)
-    probs = weights / weights.sum()
-    first = int(np.argmax(probs))  # `near` is in token order: the lowest id among equals
-    rest = np.delete(np.arange(near.size), first)
-    if rest.size > n - 1 > 0:
-        rest = np.sort(rest[np.argpartition(-probs[rest], n - 2)[: n - 1]])
-    rest = rest[np.argsort(-probs[rest], kind="stable")][: max(n - 1, 0)]
-    return [(int(near[i]), float(probs[i])) for i in (first, *rest)]
+    total = float(weights.sum())
+    first = int(np.argmax(weights))  # `near` is in token order: the lowest id among equals
+    # Draft rows hold tens of thousands of tokens within NEGLIGIBLE_NATS: choose the rest from
+    # the few close to the best, when there are n of them (then they hold the n most probable).
+    pool = np.flatnonzero(weights >= CLOSE_WEIGHT)
+    if pool.size < n:
+        pool = np.arange(weights.size)
+    if pool.size > n:
+        pool = np.sort(pool[np.argpartition(-weights[pool], n - 1)[:n]])
+    pool = pool[np.argsort(-weights[pool], kind="stable")]  # equals: the lower token id first
+    rest = [int(i) for i in pool if i != first][: max(n - 1, 0)]
+    return [(int(near[i]), float(weights[i]) / total) for i in (first, *rest)]
 
 
 def branch_children(
