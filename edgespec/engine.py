@@ -23,6 +23,7 @@ from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter, Proposal
 from .policy import (
+    Arm,
     AutoPolicy,
     Calibrator,
     Costs,
@@ -30,7 +31,16 @@ from .policy import (
     expected_tokens,
     worth_drafting_on,
 )
-from .profile import DEFAULT_RELATIVE, load_profile, quick_profile, relative_cost, save_profile
+from .profile import (
+    DEFAULT_RELATIVE,
+    AutoMemory,
+    load_auto_memory,
+    load_profile,
+    quick_profile,
+    relative_cost,
+    save_auto_memory,
+    save_profile,
+)
 from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
@@ -229,6 +239,18 @@ class Engine:
             if draft
             else None
         )
+        # Auto mode's ways of drafting with the model, and what they measured so far (here, or
+        # in an earlier run on this device: a try that lost then is not repeated at once).
+        self._arms_key = (
+            (target.path, draft.path, threads, format_cpu_list(self.placement.target_cpus))
+            if draft
+            else None
+        )
+        self._memory = load_auto_memory(*self._arms_key) if self._arms_key else AutoMemory({})
+        self.model_arms = [
+            Arm.remembered(name, self._memory.probe_every.get(name, 0))
+            for name in (("chain", "tree") if draft else ())
+        ]
         self.relative_cost: Callable[[int], float] = (
             self.profile.relative if self.profile else lambda k: relative_cost(DEFAULT_RELATIVE, k)
         )
@@ -341,11 +363,8 @@ class Engine:
         run.rng = run.sampling.make_rng()
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         if cfg.mode == "auto":
-            arms = ("chain", "tree") if self.draft else ()
-            run.policy = AutoPolicy(Costs(self.relative_cost), arms)
+            run.policy = AutoPolicy(Costs(self.relative_cost), self.model_arms)
             run.calibrator = run.policy.calibrator
-            if self.draft_profile:  # else the first model round measures it
-                run.policy.costs.draft_s.update(self.draft_profile.step_s)
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain,
@@ -371,6 +390,19 @@ class Engine:
                 self.forget_caches()
             else:
                 self._trim_caches(run)
+            if run.policy is not None and self._arms_key:
+                self._remember(run.policy)
+
+    def _remember(self, policy: AutoPolicy) -> None:
+        """Keep what auto mode learnt about the draft on this device for the next run."""
+        assert self._arms_key is not None
+        costs = policy.costs
+        if costs.draft_s.value is not None and costs.step_s.value is not None:
+            self._memory.draft_cost = costs.draft_s.value / costs.step_s.value
+        tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
+        if tried or self._memory.draft_cost is not None:
+            self._memory.probe_every = tried
+            save_auto_memory(*self._arms_key, self._memory)
 
     def _native_s(self) -> float:
         """Seconds both contexts have spent inside llama.cpp's decode so far."""
@@ -478,8 +510,12 @@ class Engine:
         """
         stats, params = run.stats, run.sampling
         root_pos = len(run.tokens) - 1
+        native_before = self.target_ctx.decode_s
         logits = self.target_ctx.decode([run.tokens[-1], *proposed], root_pos, logits="all")
         stats.target_passes += 1
+        if run.policy is not None:
+            pass_s = self.target_ctx.decode_s - native_before
+            run.policy.costs.record_pass(len(proposed) + 1, pass_s)
         if params.greedy:
             best = logits.argmax(axis=1)
             n_ok = 0
@@ -528,6 +564,14 @@ class Engine:
         if costs.step_s.value is None:  # the first round measures a plain step
             decided = self._round_target(run, room)
             costs.step_s.update(time.perf_counter() - t0)
+            # A draft step in target steps, from the profiles (their ratio, not their seconds:
+            # the machine's load may have changed since, and it changes both models alike) or
+            # from an earlier run; else the first model round measures it.
+            relative = self._memory.draft_cost
+            if self.draft_profile and self.profile:
+                relative = self.draft_profile.step_s / self.profile.step_s
+            if relative is not None:
+                costs.draft_s.update(costs.step_s.value * relative)
             return decided
         proposal = run.ngram.propose(run.tokens, max(limit, 0))
         ngram_rate, full_proposal = None, proposal.tokens

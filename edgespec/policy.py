@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
 # Model drafts are tried only where their ceiling (a best case: every chain at the length that
-# suits the device, every token as sure as the surest) beats plain decoding by this much; real
-# chains reach a fraction of it, and a first try costs catching the draft up on the text.
-CEILING_MARGIN = 1.10
+# suits the device, every token as sure as the surest) beats plain decoding by this much. Real
+# chains reach a fraction of it: on 2026-11-23 here the ceiling was 1.13 and the best chain made
+# 0.89x plain on code (0.79 of it), and a first try costs catching the draft up on the whole
+# prompt (1.5-2 s on a 400-token edit). Below 1/0.79 the tries can only lose.
+CEILING_MARGIN = 1.25
 SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
+FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 
 
 @dataclass
@@ -67,6 +70,10 @@ class Costs:
     curve: Callable[[int], float]  # T(k)/T(1) of the target on this device (its profile)
     step_s: Ema = field(default_factory=Ema)  # one plain target step
     draft_s: Ema = field(default_factory=Ema)  # one draft model evaluation
+    # Measured passes of k > 1 tokens over what the curve says they cost. A profile is measured
+    # at a few k on a machine whose load changes, and interpolated between them: here its 5-token
+    # pass was 3.07 steps where the passes of a generation took 2.72.
+    batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -78,7 +85,14 @@ class Costs:
 
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
-        return self.step_s.value * self.relative(k)
+        if k <= 1:
+            return self.step_s.value
+        return self.step_s.value * self.relative(k) * (self.batch_factor.value or 1.0)
+
+    def record_pass(self, k: int, seconds: float) -> None:
+        """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
+        if k > 1 and self.step_s.value is not None:
+            self.batch_factor.update(seconds / (self.step_s.value * self.relative(k)))
 
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:
@@ -127,7 +141,7 @@ def model_draft_ceiling(best_accept: float, costs: Costs, max_len: int = 32) -> 
     for k in range(1, max_len + 1):  # expected tokens of a chain of k, built up as k grows
         alive *= best_accept
         expected += alive
-        best = max(best, expected / (k * c_d + costs.relative(k + 1)))
+        best = max(best, expected / (k * c_d + costs.verify_s(k + 1) / costs.step_s.value))
     return best
 
 
@@ -148,12 +162,26 @@ def best_proposal_length(
 
 @dataclass
 class Arm:
-    """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached."""
+    """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached.
+
+    An engine keeps its arms from one generation to the next: what a try measured on this device
+    still holds for the next prompt, and a first try costs catching the draft up on the whole
+    prompt (1.5-2 s for a 400-token edit here), so it is not repeated for every generation.
+    """
 
     name: str
     rate: Ema = field(default_factory=lambda: Ema(weight=0.3))  # tokens per second, measured
-    probe_every: int = 8  # rounds between tries while it does not pay; doubles per failed try
+    probe_every: int = FIRST_PROBE_EVERY  # rounds between tries; doubles per failed try
     since_try: int = 0
+    tried: bool = False  # by this engine, or (see `remembered`) on this device before
+
+    @classmethod
+    def remembered(cls, name: str, probe_every: int) -> Arm:
+        """An arm as an earlier run on this device left it: one that lost there waits its
+        turn to be probed instead of being tried first (a new process knows nothing else)."""
+        if probe_every <= FIRST_PROBE_EVERY:
+            return cls(name)
+        return cls(name, probe_every=min(probe_every, AutoPolicy.MAX_PROBE_EVERY), tried=True)
 
 
 class AutoPolicy:
@@ -164,9 +192,9 @@ class AutoPolicy:
 
     MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
 
-    def __init__(self, costs: Costs, model_arms: Sequence[str] = ()):
+    def __init__(self, costs: Costs, arms: Sequence[Arm] = ()):
         self.costs = costs
-        self.arms = [Arm(name) for name in model_arms]
+        self.arms = list(arms)
         self.calibrator = Calibrator()
 
     def plain_rate(self) -> float:
@@ -193,7 +221,7 @@ class AutoPolicy:
             return "ngram"
         if not self.models_can_pay():  # not even at its best: drafting would only cost time
             return "plain"
-        untried = [a for a in self.arms if a.rate.value is None]
+        untried = [a for a in self.arms if not a.tried]
         if untried:
             return untried[0].name
         best = max(self.arms, key=lambda a: a.rate.value or 0.0, default=None)
@@ -204,12 +232,12 @@ class AutoPolicy:
 
     def record_arm(self, name: str, tokens: int, seconds: float) -> None:
         arm = next(a for a in self.arms if a.name == name)
-        arm.since_try = 0
+        arm.since_try, arm.tried = 0, True
         this_round = tokens / seconds
         arm.rate.update(this_round)
         # Judged on this round alone: one good probe brings the next try close, so a text that
         # turns predictable is noticed within a few rounds; failures space the probes out.
         if this_round > self.plain_rate() * MARGIN:
-            arm.probe_every = 8
+            arm.probe_every = FIRST_PROBE_EVERY
         else:
             arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)

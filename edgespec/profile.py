@@ -254,6 +254,58 @@ def load_profile(
     return profile
 
 
+def _arms_path(target: Path, draft: Path, n_threads: int, cpus: str) -> Path | None:
+    try:
+        keys = [profile_key(m.name, m.stat().st_size, n_threads, cpus) for m in (target, draft)]
+    except OSError:
+        return None
+    return profiles_dir() / f"arms-{keys[0]}--{keys[1]}.json"
+
+
+@dataclass
+class AutoMemory:
+    """What auto mode learnt about drafting with one model pair on this device, for the next
+    run: how often it was probing each way of drafting (see policy.Arm.remembered), and what a
+    draft step cost in target steps (without a stored draft profile, only a try tells)."""
+
+    probe_every: dict[str, int]
+    draft_cost: float | None = None
+
+
+def load_auto_memory(
+    target: str | Path, draft: str | Path, n_threads: int, cpus: str
+) -> AutoMemory:
+    """The memory of this pair, threads and CPUs; empty if unknown or unreadable: never an error."""
+    path = _arms_path(Path(target), Path(draft), n_threads, cpus)
+    try:
+        data = json.loads(path.read_text("utf-8")) if path else {}
+        cost = data.get("draft_cost")
+        return AutoMemory(
+            {str(name): int(every) for name, every in data["probe_every"].items()},
+            float(cost) if cost is not None and float(cost) > 0 else None,
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return AutoMemory({})
+
+
+def save_auto_memory(
+    target: str | Path, draft: str | Path, n_threads: int, cpus: str, memory: AutoMemory
+) -> None:
+    """Remember for the next run; a home that cannot be written is no reason to fail a
+    generation, so errors are ignored."""
+    path = _arms_path(Path(target), Path(draft), n_threads, cpus)
+    if path is None:
+        return
+    data = {**asdict(memory), "saved_at": datetime.now(timezone.utc).isoformat()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data) + "\n", "utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 # --- Measuring ----------------------------------------------------------------------------------
 
 

@@ -190,26 +190,47 @@ def test_auto_decodes_plainly_when_the_draft_costs_as_much_as_the_target(self_dr
     assert stats.choices.get("plain", 0) > 3 * drafted
 
 
-def flat_device(engine, draft_step_s: float) -> None:
-    """Tell an engine it runs on a device where batches are nearly free and its draft costs
-    `draft_step_s` a step: what a stored profile would say."""
+def test_a_new_engine_remembers_that_drafting_lost_on_this_device(smol_path, monkeypatch, tmp_path):
+    """A first try of the draft costs catching it up on the whole prompt: a new process (a new
+    engine) on the same pair and device does not repeat a try that lost, until its probe is due."""
+    import edgespec
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    first = edgespec.load(smol_path, draft=smol_path, n_ctx=1024)  # as slow as the target
+    stats = first.generate(PROMPTS[0], max_tokens=40, mode="auto").stats
+    assert stats.choices.get("chain", 0) >= 1  # tried, and lost
+    again = edgespec.load(smol_path, draft=smol_path, n_ctx=1024)
+    stats = again.generate(PROMPTS[1], max_tokens=12, mode="auto").stats
+    assert stats.draft_evals == 0 and set(stats.choices) <= {"plain", "ngram"}
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "elsewhere"))  # another device
+    fresh = edgespec.load(smol_path, draft=smol_path, n_ctx=1024)
+    assert fresh.generate(PROMPTS[1], max_tokens=12, mode="auto").stats.draft_evals > 0
+
+
+def flat_device(engine, draft_cost: float) -> None:
+    """Tell an engine it runs on a device where batches are nearly free and a draft step costs
+    `draft_cost` target steps: what stored profiles would say."""
     from edgespec.profile import DeviceProfile
 
+    def profile(seconds: float) -> DeviceProfile:
+        return DeviceProfile(
+            model_file="model.gguf", model_size=1, n_threads=1, cpus="0",
+            ks=[1], seconds=[seconds], measured_at="2026-11-22T00:00:00+00:00",
+        )  # fmt: skip
+
     engine.relative_cost = lambda k: 1 + 0.02 * (k - 1)
-    engine.draft_profile = DeviceProfile(
-        model_file="draft.gguf", model_size=1, n_threads=1, cpus="0",
-        ks=[1], seconds=[draft_step_s], measured_at="2026-11-22T00:00:00+00:00",
-    )  # fmt: skip
+    engine.profile, engine.draft_profile = profile(1.0), profile(draft_cost)
 
 
 @pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])
 def test_auto_drafting_with_the_model_after_plain_rounds_still_equals_plain(
-    smol_path, smol_q2_k, plain_engine, prompt
+    smol_path, smol_q2_k, plain_engine, prompt, monkeypatch, tmp_path
 ):
     import edgespec
 
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # no earlier run's memory of this pair
     engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
-    flat_device(engine, draft_step_s=1e-4)  # a draft this cheap is worth trying
+    flat_device(engine, draft_cost=1e-4)  # a draft this cheap is worth trying
     spec = check_greedy(plain_engine, engine, prompt, "auto", n=80)
     if prompt != COPY_PROMPT:  # where copying pays, n-gram drafts may win every round
         assert spec.stats.draft_evals > 0 and spec.stats.choices.get("chain", 0) > 0
@@ -219,7 +240,7 @@ def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     import edgespec
 
     engine = edgespec.load(smol_path, smol_path, n_ctx=1024)
-    flat_device(engine, draft_step_s=10.0)  # ten seconds a token: can never pay
+    flat_device(engine, draft_cost=10.0)  # ten target steps a token: can never pay
     engine.relative_cost = lambda k: float(k)  # and a verification as dear as k steps
     draft_time = engine.draft_ctx.decode_s
     spec = check_greedy(plain_engine, engine, PROMPTS[0], "auto", n=40)

@@ -159,12 +159,15 @@ def test_a_watched_proposal_is_judged_by_the_tokens_decided_after_it():
     proposal = drafter.propose(history, max_len=3)
     assert proposal.tokens == [7, 8, 9] and proposal.ngram == 2
     drafter.watch(proposal, start=len(history))
-    drafter.propose([*history, 7], max_len=3)  # one token decided: right so far, not judged yet
-    assert drafter.acceptance(2, 0) == fresh.acceptance(2, 0)
-    drafter.propose([*history, 7, 8, 1], max_len=3)  # 7, 8 right, then 1 instead of 9
+    drafter.propose([*history, 7], max_len=3)  # one token decided: judged at once
     assert drafter.acceptance(2, 0) > fresh.acceptance(2, 0)
+    assert drafter.acceptance(2, 1) == fresh.acceptance(2, 1)
+    drafter.propose([*history, 7, 8, 1], max_len=3)  # then 8 right, and 1 instead of 9
     assert drafter.acceptance(2, 1) > fresh.acceptance(2, 1)
     assert drafter.acceptance(2, 2) < fresh.acceptance(2, 2)
+    judged = [drafter.acceptance(2, i) for i in range(3)]
+    drafter.propose([*history, 7, 8, 1, 9], max_len=3)  # after a miss, nothing more is judged
+    assert [drafter.acceptance(2, i) for i in range(3)] == judged
 
 
 def test_proposals_inside_a_copied_span_learn_apart_from_the_others():

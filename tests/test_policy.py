@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from edgespec.policy import (
+    Arm,
     AutoPolicy,
     Calibrator,
     Costs,
@@ -75,6 +76,27 @@ def test_a_draft_as_slow_as_the_target_never_beats_plain_decoding():
         assert chain_rate([1.0] * k, c, k) < plain_rate
 
 
+def test_measured_passes_correct_the_profile_curve_for_batches_not_for_a_step():
+    c = costs(step_s=0.03)
+    from_profile = c.verify_s(5)
+    for _ in range(60):  # the passes of this generation take twice what the profile says
+        c.record_pass(5, 2 * from_profile)
+    assert c.verify_s(5) == pytest.approx(2 * from_profile, rel=0.01)
+    assert c.verify_s(3) == pytest.approx(2 * 0.03 * relative(3), rel=0.01)
+    assert c.verify_s(1) == 0.03
+    c.record_pass(1, 1.0)  # a single step is measured as step_s, not here
+    assert c.verify_s(1) == 0.03
+
+
+def test_cheaper_batches_than_the_profile_says_make_a_proposal_worth_verifying():
+    expected = lambda n: 0.45 * n  # noqa: E731
+    c = costs(step_s=0.03)
+    assert best_proposal_length(expected, 4, c)[0] == 0
+    for _ in range(60):
+        c.record_pass(5, 0.7 * c.verify_s(5))
+    assert best_proposal_length(expected, 4, c)[0] > 0
+
+
 def test_ngram_length_zero_when_proposals_are_rarely_right():
     length, rate = best_proposal_length(lambda n: 0.05 * n, 8, costs())
     assert length == 0 and rate == pytest.approx(1 / 0.03)
@@ -94,7 +116,7 @@ def test_auto_takes_an_ngram_proposal_only_when_it_promises_more_than_a_plain_st
 
 
 def test_auto_tries_each_model_arm_then_keeps_the_one_that_pays():
-    policy = AutoPolicy(costs(step_s=0.03), ["chain", "tree"])
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain"), Arm("tree")])
     assert policy.choose(None) == "chain"
     policy.record_arm("chain", tokens=3, seconds=0.05)  # 60 tok/s vs 33 plain
     assert policy.choose(None) == "tree"
@@ -103,7 +125,7 @@ def test_auto_tries_each_model_arm_then_keeps_the_one_that_pays():
 
 
 def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_loses():
-    policy = AutoPolicy(costs(step_s=0.03), ["chain"])
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
     probes = []
     for round_ in range(400):
         choice = policy.choose(None)
@@ -117,7 +139,7 @@ def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_lose
 
 
 def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
-    policy = AutoPolicy(costs(step_s=0.03), ["chain"])
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
     for _ in range(100):  # a long stretch where drafting loses
         if policy.choose(None) == "chain":
             policy.record_arm("chain", tokens=1, seconds=0.06)
@@ -158,7 +180,8 @@ def test_the_model_ceiling_rises_with_a_cheaper_draft_and_a_flatter_curve():
 
 
 def test_auto_never_tries_a_model_draft_that_cannot_pay_on_this_device():
-    policy = AutoPolicy(costs(draft_s=0.015), ["chain", "tree"])  # c_d 0.5 on a steep curve
+    # c_d 0.5 on a steep curve
+    policy = AutoPolicy(costs(draft_s=0.015), [Arm("chain"), Arm("tree")])
     assert policy.model_ceiling() is not None and policy.model_ceiling() < 1
     assert {policy.choose(None) for _ in range(1000)} == {"plain"}
     plain = policy.plain_rate()
@@ -166,8 +189,26 @@ def test_auto_never_tries_a_model_draft_that_cannot_pay_on_this_device():
 
 
 def test_auto_tries_the_model_once_to_learn_its_cost_when_no_profile_says_it():
-    policy = AutoPolicy(costs(draft_s=None), ["chain", "tree"])
+    policy = AutoPolicy(costs(draft_s=None), [Arm("chain"), Arm("tree")])
     assert policy.model_ceiling() is None
     assert policy.choose(None) == "chain"
     policy.costs.draft_s.update(0.015)  # what that chain measured: too slow to pay here
     assert policy.choose(None) == "plain"
+
+
+def test_what_an_arm_learnt_carries_over_to_the_next_generation():
+    arms = [Arm("chain")]
+    first = AutoPolicy(costs(step_s=0.03), arms)
+    assert first.choose(None) == "chain"
+    first.record_arm("chain", tokens=1, seconds=0.06)  # loses: half the plain rate
+    second = AutoPolicy(costs(step_s=0.03), arms)  # the next prompt, same engine
+    assert [second.choose(None) for _ in range(8)] == ["plain"] * 8  # not tried again at once
+
+
+def test_an_arm_that_lost_in_an_earlier_run_waits_for_its_probe_instead_of_going_first():
+    lost = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    choices = [lost.choose(None) for _ in range(40)]
+    assert choices.index("chain") == 31  # the 32nd round is its probe
+    fresh = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=8)])
+    assert fresh.choose(None) == "chain"  # it did not lose: tried first, as a new arm
+    assert Arm.remembered("tree", 10**6).probe_every == AutoPolicy.MAX_PROBE_EVERY

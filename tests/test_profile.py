@@ -21,8 +21,10 @@ from edgespec.profile import (
     DEFAULT_RELATIVE,
     FULL_KS,
     QUICK_KS,
+    AutoMemory,
     DeviceProfile,
     current_cpus,
+    load_auto_memory,
     load_profile,
     measure_curve,
     measure_profile,
@@ -31,6 +33,7 @@ from edgespec.profile import (
     profiles_dir,
     quick_profile,
     relative_cost,
+    save_auto_memory,
     save_profile,
 )
 
@@ -172,6 +175,19 @@ def test_a_corrupt_profile_loads_as_none_and_the_next_save_replaces_it(home, mod
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
     save_profile(a_profile(model_file))
     assert load_profile(model_file, n_threads=2, cpus="0-1") is not None
+
+
+def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_path):
+    draft = tmp_path / "some-draft.gguf"
+    draft.write_bytes(b"GGUF" + bytes(50))
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
+    save_auto_memory(model_file, draft, 2, "0-1", AutoMemory({"chain": 64}, draft_cost=0.4))
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 64}, 0.4)
+    assert load_auto_memory(model_file, draft, 1, "0-1") == AutoMemory({})
+    assert load_auto_memory(draft, model_file, 2, "0-1") == AutoMemory({})
+    assert load_auto_memory(model_file, tmp_path / "gone.gguf", 2, "0-1") == AutoMemory({})
+    next(home.glob("profiles/arms-*.json")).write_text("{not json")
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
 
 
 def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_file):
