@@ -397,12 +397,15 @@ class Engine:
         """Keep what auto mode learnt about the draft on this device for the next run."""
         assert self._arms_key is not None
         costs = policy.costs
+        draft_cost = self._memory.draft_cost
         if costs.draft_s.value is not None and costs.step_s.value is not None:
-            self._memory.draft_cost = costs.draft_s.value / costs.step_s.value
+            draft_cost = costs.draft_s.value / costs.step_s.value
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
-        if tried or self._memory.draft_cost is not None:
-            self._memory.probe_every = tried
-            save_auto_memory(*self._arms_key, self._memory)
+        memory = AutoMemory(tried, draft_cost)
+        # A chat remembers after every answer: the file is written only when it would change.
+        if (tried or draft_cost is not None) and not memory.same_as(self._memory):
+            save_auto_memory(*self._arms_key, memory)
+            self._memory = memory
 
     def _native_s(self) -> float:
         """Seconds both contexts have spent inside llama.cpp's decode so far."""

@@ -271,6 +271,17 @@ class AutoMemory:
     probe_every: dict[str, int]
     draft_cost: float | None = None
 
+    # A draft cost within this fraction of the stored one is the same cost (it is an average of
+    # noisy timings): the file is rewritten only when something worth remembering changed.
+    COST_TOLERANCE = 0.05
+
+    def same_as(self, other: AutoMemory) -> bool:
+        if self.probe_every != other.probe_every:
+            return False
+        if self.draft_cost is None or other.draft_cost is None:
+            return self.draft_cost is other.draft_cost
+        return abs(self.draft_cost - other.draft_cost) <= self.COST_TOLERANCE * other.draft_cost
+
 
 def load_auto_memory(
     target: str | Path, draft: str | Path, n_threads: int, cpus: str

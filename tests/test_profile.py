@@ -190,6 +190,15 @@ def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_pat
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
 
 
+def test_auto_memory_changes_only_with_what_it_would_decide():
+    stored = AutoMemory({"chain": 64}, draft_cost=0.40)
+    assert AutoMemory({"chain": 64}, draft_cost=0.41).same_as(stored)  # timing noise
+    assert not AutoMemory({"chain": 64}, draft_cost=0.30).same_as(stored)
+    assert not AutoMemory({"chain": 128}, draft_cost=0.40).same_as(stored)
+    assert not AutoMemory({"chain": 64}).same_as(stored)
+    assert AutoMemory({}).same_as(AutoMemory({}))
+
+
 def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_file):
     for bad in (a_profile(model_file, ks=[2, 4], seconds=[0.1, 0.2]),
                 a_profile(model_file, seconds=[0.0, 0.1, 0.2, 0.3])):  # fmt: skip
