@@ -1,0 +1,44 @@
+"""scripts/ngram_replay.py: auto's n-gram path replayed on known text, priced with a curve."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ngram_replay.py"
+spec = importlib.util.spec_from_file_location("ngram_replay", SCRIPT)
+assert spec is not None and spec.loader is not None
+ngram_replay = importlib.util.module_from_spec(spec)
+sys.modules["ngram_replay"] = ngram_replay  # a dataclass needs its module registered
+spec.loader.exec_module(ngram_replay)
+
+
+def half_a_step_per_token(k: int) -> float:
+    return 1.0 + 0.5 * (k - 1)
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(1000, 30000, n)]
+
+
+def test_text_that_repeats_nothing_is_decoded_plainly():
+    prompt, generated = random_tokens(200, 1), random_tokens(100, 2)
+    for oracle in (False, True):
+        result = ngram_replay.replay(prompt, generated, half_a_step_per_token, oracle)
+        assert result.speedup == 1.0
+        assert set(result.passes) == {1}
+
+
+def test_copying_the_prompt_is_verified_in_batches_and_the_oracle_is_an_upper_bound():
+    source = random_tokens(300, 3)
+    prompt = [*random_tokens(20, 4), *source, *random_tokens(5, 5)]
+    generated = source[:120] + random_tokens(4, 6) + source[124:240]  # a copy with one edit
+    auto = ngram_replay.replay(prompt, generated, half_a_step_per_token, oracle=False)
+    oracle = ngram_replay.replay(prompt, generated, half_a_step_per_token, oracle=True)
+    assert auto.speedup > 1.2
+    assert max(auto.passes) > 2
+    assert oracle.speedup >= auto.speedup
+    assert sum(k * n for k, n in oracle.passes.items()) >= len(generated)
