@@ -21,7 +21,6 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 CEILING_MARGIN = 1.25
 SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
-OWN_TIMINGS = 3  # passes of one size timed before their own times replace the profile's point
 
 
 @dataclass
@@ -30,11 +29,9 @@ class Ema:
 
     weight: float = 0.2
     value: float | None = None
-    samples: int = 0
 
     def update(self, x: float) -> float:
         self.value = x if self.value is None else self.value + self.weight * (x - self.value)
-        self.samples += 1
         return self.value
 
 
@@ -77,12 +74,6 @@ class Costs:
     # at a few k on a machine whose load changes, and interpolated between them: here its 5-token
     # pass was 3.07 steps where the passes of a generation took 2.72.
     batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
-    # Passes of one size timed in this generation, in steps. One factor cannot correct every
-    # point of a profile: measured here in-run on 400-600-token prompts, passes of 2, 4 and 12
-    # took 1.18, 1.1-1.3 and 1.5-1.8 times what the profile said (its points are medians of
-    # three at a short context, and vary by 15 % between measurements). Once a size has been
-    # timed OWN_TIMINGS times, its own times replace its point on the curve.
-    by_size: dict[int, Ema] = field(default_factory=dict)
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -96,17 +87,12 @@ class Costs:
         assert self.step_s.value is not None
         if k <= 1:
             return self.step_s.value
-        own = self.by_size.get(k)
-        if own is not None and own.samples >= OWN_TIMINGS:
-            return self.step_s.value * own.value
         return self.step_s.value * self.relative(k) * (self.batch_factor.value or 1.0)
 
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
         if k > 1 and self.step_s.value is not None:
-            steps = seconds / self.step_s.value
-            self.batch_factor.update(steps / self.relative(k))
-            self.by_size.setdefault(k, Ema()).update(steps)
+            self.batch_factor.update(seconds / (self.step_s.value * self.relative(k)))
 
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:

@@ -7,7 +7,6 @@ import itertools
 import pytest
 
 from edgespec.policy import (
-    OWN_TIMINGS,
     Arm,
     AutoPolicy,
     Calibrator,
@@ -87,18 +86,6 @@ def test_measured_passes_correct_the_profile_curve_for_batches_not_for_a_step():
     assert c.verify_s(1) == 0.03
     c.record_pass(1, 1.0)  # a single step is measured as step_s, not here
     assert c.verify_s(1) == 0.03
-
-
-def test_a_pass_size_timed_a_few_times_costs_what_it_measured_not_the_profiles_point():
-    c = costs(step_s=0.03)
-    c.record_pass(4, 0.03 * relative(4))  # the profile was right about passes of 4
-    for _ in range(OWN_TIMINGS - 1):
-        c.record_pass(2, 0.03 * 2.0)  # but a pass of 2 costs 2 steps, not the profile's 1.64
-    assert c.verify_s(2) < 0.03 * 2.0 * 0.9  # not yet: two timings could be noise
-    c.record_pass(2, 0.03 * 2.0)
-    assert c.verify_s(2) == pytest.approx(0.03 * 2.0)
-    assert c.verify_s(4) > 0.03 * relative(4)  # untimed enough: the curve, scaled up a little
-    assert c.verify_s(3) == pytest.approx(0.03 * relative(3) * c.batch_factor.value)
 
 
 def test_cheaper_batches_than_the_profile_says_make_a_proposal_worth_verifying():
