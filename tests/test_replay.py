@@ -42,3 +42,32 @@ def test_copying_the_prompt_is_verified_in_batches_and_the_oracle_is_an_upper_bo
     assert max(auto.passes) > 2
     assert oracle.speedup >= auto.speedup
     assert sum(k * n for k, n in oracle.passes.items()) >= len(generated)
+
+
+def test_the_script_replays_a_bench_json_of_a_real_model(tmp_path, smol_path):
+    import json
+    import subprocess
+
+    import edgespec
+
+    prompts = tmp_path / "prompts.toml"
+    text = "Repeat this list exactly, one per line: apple, pear, plum, fig, lime, kiwi, date."
+    prompts.write_text(f"[[prompts]]\nname = 'copy'\nclass = 'edit'\nmax_tokens = 40\n"
+                       f"text = '{text}'\n")  # fmt: skip
+    engine = edgespec.load(smol_path, n_ctx=1024)
+    generated = engine.generate(text, max_tokens=40, mode="target").tokens
+    run = {
+        "settings": {"target": {"path": str(smol_path)}, "n_ctx": 1024},
+        "rows": [{"mode": "target", "prompt": "copy", "tokens": generated}],
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(run))
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "bench.json"), "--prompts", str(prompts)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    row = next(line.split() for line in out.splitlines() if line.startswith("copy"))
+    auto, oracle = float(row[2]), float(row[3])
+    assert 1.0 <= auto <= oracle
+    assert "median edit" in out
