@@ -20,10 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.engine import MAX_AUTO_DRAFT
 from edgespec.ngram import NgramDrafter
 from edgespec.policy import MARGIN, Costs, best_proposal_length
-
-MAX_PROPOSAL = 16  # auto's longest n-gram proposal (engine.MAX_AUTO_DRAFT)
 
 
 @dataclass
@@ -46,7 +45,7 @@ def replay(
     position += 1
     while position < end:
         # as in the engine: no proposal past the last token to generate
-        proposal = drafter.propose(tokens[:position], min(MAX_PROPOSAL, end - position - 1))
+        proposal = drafter.propose(tokens[:position], min(MAX_AUTO_DRAFT, end - position - 1))
         right = 0
         while right < len(proposal.tokens) and proposal.tokens[right] == tokens[position + right]:
             right += 1
