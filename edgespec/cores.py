@@ -223,14 +223,24 @@ class PinnedThread:
     def call(self, fn: Callable[..., R], *args: object) -> R:
         if threading.get_native_id() == self.native_id:  # already here (inside a submitted call)
             return fn(*args)
-        future = self._executor.submit(fn, *args)
         try:
-            return future.result()
+            return self._executor.submit(fn, *args).result()
         except KeyboardInterrupt:
-            # Ctrl+C reaches only the main thread; the call runs on. Wait for it, so that nothing
-            # (such as clearing a cache) touches llama.cpp's state while it is still decoding.
-            futures.wait([future])
+            # Ctrl+C reaches only the main thread, even while it is still handing the call over
+            # (inside `submit`); the call runs on. Wait until it is done, so that nothing (such
+            # as clearing a cache) touches llama.cpp's state while it is still decoding.
+            self.wait_idle()
             raise
+
+    def wait_idle(self) -> None:
+        """Return once every call handed over so far has finished (one worker, calls in order)."""
+        marker = self._executor.submit(int)
+        while True:
+            try:
+                marker.result()
+                return
+            except KeyboardInterrupt:  # a second Ctrl+C: the decode still runs, so still wait
+                continue
 
     def submit(self, fn: Callable[..., R], *args: object) -> futures.Future[R]:
         """Start a call and return at once (the caller waits on the future)."""

@@ -108,10 +108,10 @@ def measure_overlap(
             for name, measure in measures.items():
                 times[name].append(measure())
     finally:
+        for pin in pins:  # first: a decode still running there (after Ctrl+C) must end
+            pin.close()
         for timed in (target_all, draft_all, target_own, draft_own):
             timed.close()
-        for pin in pins:
-            pin.close()
     median = {name: statistics.median(t) for name, t in times.items()}
     return OverlapReport(
         k=k,

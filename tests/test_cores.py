@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -233,5 +235,46 @@ def test_a_call_made_from_the_pinned_thread_itself_runs_there_without_waiting_on
     try:
         inner = runner.submit(runner.call, threading.get_native_id).result(timeout=5)
         assert inner == runner.native_id
+    finally:
+        runner.close()
+
+
+def slow_call_that_records_when_it_ends(ended: threading.Event):
+    def decode() -> None:
+        time.sleep(0.3)
+        ended.set()
+
+    return decode
+
+
+def test_ctrl_c_while_a_pinned_call_runs_returns_only_once_the_call_has_ended():
+    runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
+    ctrl_c = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        ctrl_c.start()
+        with pytest.raises(KeyboardInterrupt):
+            runner.call(slow_call_that_records_when_it_ends(ended))
+        assert ended.is_set()
+    finally:
+        ctrl_c.join()
+        runner.close()
+
+
+def test_ctrl_c_while_the_call_is_still_being_handed_over_also_waits_for_it(monkeypatch):
+    # The signal can land inside `submit`, after the call is queued but before its future is
+    # returned: the call runs on all the same, and the caller must not go on meanwhile.
+    runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
+    submit = runner._executor.submit
+
+    def submit_then_ctrl_c(fn, *args):
+        submit(fn, *args)
+        monkeypatch.setattr(runner._executor, "submit", submit)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner._executor, "submit", submit_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.call(slow_call_that_records_when_it_ends(ended))
+        assert ended.is_set()
     finally:
         runner.close()
