@@ -7,11 +7,13 @@ not crash the native loader. The reader also gives what the pairing check and `i
 from __future__ import annotations
 
 import hashlib
+import math
+import mmap
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import NamedTuple
 
 from .errors import IncompatibleModelsError, ModelFileError
 
@@ -33,7 +35,7 @@ class GGUFInfo:
     n_vocab: int
     bos: int | None
     eos: int | None
-    vocab_digest: str  # sha256 of all token texts: equal digests mean identical vocabularies
+    vocab_digest: str  # sha256 of the serialised token list: equal means identical vocabularies
     chat_template: str | None
 
     def summary(self) -> dict[str, object]:
@@ -54,20 +56,122 @@ class GGUFInfo:
         }
 
 
-def _scalar(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    value = field.parts[field.data[0]]
-    if field.types and field.types[0].name == "STRING":
-        return bytes(value).decode("utf-8", errors="replace")
-    return value.tolist()[0]
+class _Array(NamedTuple):
+    """A metadata array, left unparsed: its element type, length and byte span in the file."""
+
+    element_type: int
+    count: int
+    start: int
+    end: int
+
+
+# The fixed-size metadata types (GGUFValueType) as struct formats; STRING and ARRAY are variable.
+_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+_STRING, _ARRAY = 8, 9
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_DEFAULT_ALIGNMENT = 32
+
+
+class _Header:
+    """A GGUF header (metadata and tensor table) read straight from the mapped file.
+
+    gguf-py's reader builds numpy views for every token of the vocabulary (13 s for a 151k-token
+    vocabulary here, on every start); this walks the same bytes once and leaves arrays unparsed.
+    Every read is bounds-checked: a short or damaged header raises struct.error or ValueError.
+    """
+
+    def __init__(self, buf: mmap.mmap):
+        self.buf = buf
+        self.version = _U32.unpack_from(buf, 4)[0]
+        if self.version < 2:
+            raise ValueError(f"GGUF version {self.version} is too old (2 or later is needed)")
+        n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+        self.offset = 24
+        self.fields: dict[str, object] = {}
+        for _ in range(self._bounded(n_kv, 12)):
+            key = self._string()
+            self.fields[key] = self._value(self._u32())
+        # Tensor table: name, dims, type, offset from the (aligned) start of the data section.
+        self.tensors: list[tuple[str, int, int, int]] = []  # (name, n_elements, type, offset)
+        for _ in range(self._bounded(n_tensors, 24)):
+            name = self._string()
+            n_dims = self._u32()
+            dims = struct.unpack_from(f"<{self._bounded(n_dims, 8)}Q", buf, self.offset)
+            self.offset += 8 * n_dims
+            ggml_type, offset = struct.unpack_from("<IQ", buf, self.offset)
+            self.offset += 12
+            self.tensors.append((name, math.prod(dims), ggml_type, offset))
+        alignment = self.fields.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0:
+            raise ValueError(f"bad general.alignment {alignment!r}")
+        self.data_start = -(-self.offset // alignment) * alignment
+
+    def _bounded(self, count: int, min_size: int) -> int:
+        """`count` items of at least `min_size` bytes each must fit in what is left of the file:
+        a damaged count fails here, not after a loop of billions."""
+        if count * min_size > len(self.buf) - self.offset:
+            raise ValueError(f"a count of {count:,} does not fit in the file")
+        return count
+
+    def _u32(self) -> int:
+        value = _U32.unpack_from(self.buf, self.offset)[0]
+        self.offset += 4
+        return value
+
+    def _string(self) -> str:
+        n = _U64.unpack_from(self.buf, self.offset)[0]
+        start = self.offset + 8
+        self.offset = start + self._bounded(n, 1)
+        return self.buf[start : self.offset].decode("utf-8", errors="replace")
+
+    def _value(self, value_type: int) -> object:
+        if value_type == _STRING:
+            return self._string()
+        if value_type == _ARRAY:
+            element_type = self._u32()
+            count = _U64.unpack_from(self.buf, self.offset)[0]
+            self.offset += 8
+            start = self.offset
+            if element_type == _STRING:  # each is a u64 length then the bytes: walk the lengths
+                unpack, buf, offset = _U64.unpack_from, self.buf, self.offset
+                for _ in range(self._bounded(count, 8)):
+                    offset += 8 + unpack(buf, offset)[0]
+                if offset > len(buf):
+                    raise ValueError("a string array runs past the end of the file")
+                self.offset = offset
+            elif element_type in _SCALARS:
+                size = struct.calcsize(_SCALARS[element_type])
+                self.offset += size * self._bounded(count, size)
+            else:  # arrays of arrays: not used by any model we read, and not worth a parser
+                for _ in range(self._bounded(count, 1)):
+                    self._value(element_type)
+            return _Array(element_type, count, start, self.offset)
+        if value_type not in _SCALARS:
+            raise ValueError(f"unknown metadata type {value_type}")
+        fmt = "<" + _SCALARS[value_type]
+        value = struct.unpack_from(fmt, self.buf, self.offset)[0]
+        self.offset += struct.calcsize(fmt)
+        return value
+
+    def get(self, key: str, kind: type) -> object | None:
+        value = self.fields.get(key)
+        return value if isinstance(value, kind) else None
 
 
 def read_gguf(path: str | Path) -> GGUFInfo:
     """Check that `path` is a complete, readable GGUF and summarise it (raises ModelFileError)."""
-    from gguf import GGUFReader  # imported here: it is slow to import and not always needed
-
     path = Path(path)
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}")
@@ -76,49 +180,56 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     size = path.stat().st_size
     with path.open("rb") as f:
         magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as e:  # the reader raises many kinds on bad input; all mean "broken file"
-        raise ModelFileError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+        if magic != GGUF_MAGIC:
+            raise ModelFileError(
+                f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+            )
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            try:
+                header = _Header(buf)
+            except (struct.error, ValueError, OverflowError) as e:
+                raise ModelFileError(
+                    f"{path} is truncated or damaged: its header cannot be read ({e})"
+                ) from e
+            tokens = header.fields.get("tokenizer.ggml.tokens")
+            if not isinstance(tokens, _Array) or tokens.element_type != _STRING:
+                raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens is missing)")
+            # Equal serialised token lists (lengths and texts) mean identical vocabularies.
+            vocab_digest = hashlib.sha256(buf[tokens.start : tokens.end]).hexdigest()
+
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     n_params = 0
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
+    for name, n_elements, ggml_type, offset in header.tensors:
+        n_params += n_elements
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            continue  # a type newer than our gguf package: llama.cpp checks its bounds itself
+        end = header.data_start + offset + n_elements // block * block_bytes
         if end > size:
             raise ModelFileError(
-                f"{path} is truncated: tensor {tensor.name} needs {end:,} bytes, "
+                f"{path} is truncated: tensor {name} needs {end:,} bytes, "
                 f"the file has {size:,} (an interrupted download?)"
             )
-        n_params += int(tensor.n_elements)
 
-    arch = _scalar(reader, "general.architecture") or "unknown"
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens is missing)")
-    # Hash the token texts in one pass over the raw array parts instead of decoding 150k strings.
-    digest = hashlib.sha256()
-    for i in tokens.data:
-        digest.update(np.asarray(tokens.parts[i]).tobytes())
-        digest.update(b"\0")
-    file_type = _scalar(reader, "general.file_type")
+    arch = header.get("general.architecture", str) or "unknown"
     return GGUFInfo(
         path=path,
         file_size=size,
-        version=int(_scalar(reader, "GGUF.version") or 0),
+        version=header.version,
         architecture=arch,
-        name=_scalar(reader, "general.name") or path.stem,
-        file_type=_file_type_name(file_type),
-        n_tensors=len(reader.tensors),
+        name=header.get("general.name", str) or path.stem,
+        file_type=_file_type_name(header.get("general.file_type", int)),
+        n_tensors=len(header.tensors),
         n_params=n_params,
-        context_length=_scalar(reader, f"{arch}.context_length"),
-        tokenizer_model=_scalar(reader, "tokenizer.ggml.model") or "unknown",
-        n_vocab=len(tokens.data),
-        bos=_scalar(reader, "tokenizer.ggml.bos_token_id"),
-        eos=_scalar(reader, "tokenizer.ggml.eos_token_id"),
-        vocab_digest=digest.hexdigest(),
-        chat_template=_scalar(reader, "tokenizer.chat_template"),
+        context_length=header.get(f"{arch}.context_length", int),
+        tokenizer_model=header.get("tokenizer.ggml.model", str) or "unknown",
+        n_vocab=tokens.count,
+        bos=header.get("tokenizer.ggml.bos_token_id", int),
+        eos=header.get("tokenizer.ggml.eos_token_id", int),
+        vocab_digest=vocab_digest,
+        chat_template=header.get("tokenizer.chat_template", str),
     )
 
 

@@ -63,14 +63,14 @@ def assert_same_or_near_tie(engine, prompt: list[int], plain: list[int], spec: l
     )
 
 
-def write_tiny_gguf(path, n_vocab: int):
+def write_tiny_gguf(path, n_vocab: int, token_prefix: str = "tok"):
     """A small well-formed GGUF with a vocabulary of its own (not loadable as a model)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-other-vocab")
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"tok{i}" for i in range(n_vocab)])
+    writer.add_token_list([f"{token_prefix}{i}" for i in range(n_vocab)])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_tensor("token_embd.weight", np.zeros((n_vocab, 8), dtype=np.float32))

@@ -1,0 +1,107 @@
+"""The GGUF header reader: what `run`, the pairing check and `inspect` learn before llama.cpp
+opens a file, checked against gguf-py's reader on a real model, and on broken files."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from edgespec.errors import ModelFileError
+from edgespec.gguf_info import read_gguf
+
+from .helpers import write_tiny_gguf
+
+
+def reference_summary(path) -> dict[str, object]:
+    """The same facts read with gguf-py's own (slow, thorough) reader."""
+    from gguf import GGUFReader, LlamaFileType
+
+    reader = GGUFReader(path, "r")
+
+    def scalar(key: str):
+        field = reader.fields.get(key)
+        if field is None:
+            return None
+        value = field.parts[field.data[0]]
+        if field.types[0].name == "STRING":
+            return bytes(value).decode()
+        return value.tolist()[0]
+
+    arch = scalar("general.architecture")
+    return {
+        "architecture": arch,
+        "name": scalar("general.name"),
+        "file_type": LlamaFileType(scalar("general.file_type")).name.removeprefix("MOSTLY_"),
+        "parameters": sum(int(t.n_elements) for t in reader.tensors),
+        "tensors": len(reader.tensors),
+        "context_length": scalar(f"{arch}.context_length"),
+        "tokenizer": scalar("tokenizer.ggml.model"),
+        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+        "bos": scalar("tokenizer.ggml.bos_token_id"),
+        "eos": scalar("tokenizer.ggml.eos_token_id"),
+        "chat_template": scalar("tokenizer.chat_template") is not None,
+        "tensor_bytes_end": max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors),
+    }
+
+
+def test_a_real_model_reads_the_same_as_with_gguf_py(smol_path):
+    info = read_gguf(smol_path)
+    reference = reference_summary(smol_path)
+    # The last tensor ends at the end of the file: tensor offsets and sizes were read right.
+    assert reference.pop("tensor_bytes_end") == info.file_size
+    ours = info.summary()
+    assert {key: ours[key] for key in reference} == reference
+    assert info.version == 3 and info.chat_template and "{%" in info.chat_template
+
+
+def test_vocabularies_compare_equal_exactly_when_their_token_lists_are_equal(
+    tmp_path, smol_path, smol_q4_0
+):
+    assert read_gguf(smol_q4_0).vocab_digest == read_gguf(smol_path).vocab_digest
+    one = read_gguf(write_tiny_gguf(tmp_path / "a.gguf", n_vocab=300))
+    same = read_gguf(write_tiny_gguf(tmp_path / "b.gguf", n_vocab=300))
+    renamed = read_gguf(write_tiny_gguf(tmp_path / "c.gguf", n_vocab=300, token_prefix="t0k"))
+    longer = read_gguf(write_tiny_gguf(tmp_path / "d.gguf", n_vocab=301))
+    assert one.vocab_digest == same.vocab_digest
+    assert len({one.vocab_digest, renamed.vocab_digest, longer.vocab_digest}) == 3
+    assert (one.n_vocab, longer.n_vocab) == (300, 301)
+
+
+@pytest.mark.parametrize("kept", [8, 100, 5_000, 500_000])
+def test_a_file_cut_inside_its_header_is_reported_as_truncated(tmp_path, smol_path, kept):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smol_path.read_bytes()[:kept])
+    with pytest.raises(ModelFileError, match="truncated"):
+        read_gguf(cut)
+
+
+def test_a_file_cut_inside_its_tensor_data_names_the_first_missing_tensor(tmp_path, smol_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smol_path.read_bytes()[: smol_path.stat().st_size - 1])
+    with pytest.raises(ModelFileError, match=r"truncated: tensor \S+ needs"):
+        read_gguf(cut)
+
+
+def test_an_impossible_count_in_the_header_fails_at_once_with_a_clear_error(tmp_path, smol_path):
+    damaged = tmp_path / "bad-count.gguf"
+    data = bytearray(smol_path.read_bytes()[:1_000_000])
+    struct.pack_into("<Q", data, 16, 2**60)  # the number of metadata entries
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=r"truncated or damaged: .*does not fit"):
+        read_gguf(damaged)
+
+
+def test_a_file_without_a_vocabulary_is_refused(tmp_path):
+    import gguf
+
+    path = tmp_path / "no-vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match="no tokenizer"):
+        read_gguf(path)
