@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgespec.bench import BASELINE, BenchReport, ClassSummary, Progress
+from edgespec.bench import BASELINE, NEAR_TIE, BenchReport, ClassSummary, Progress
 
 from . import options as opt
 
@@ -22,7 +22,8 @@ LEGEND = (
     "× plain: speed over plain decoding in this run; accept %: proposed tokens accepted; mean acc.:"
     " accepted per verification; pass/tok: target passes per token; draft/pass: draft model"
     " evaluations per target pass; py ms/pass: edgespec's own time per target pass (outside"
-    " llama.cpp); same plain: prompts whose text equals plain decoding."
+    " llama.cpp); same plain: prompts whose text equals plain decoding (any other is"
+    " listed below, with whether it parted at a near tie)."
 )
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
 
@@ -109,6 +110,8 @@ def bench(
     for class_name in report.class_names:
         console.print(class_table(report.summaries(class_name), class_name))
     console.print(LEGEND, style="dim", markup=False)
+    for line in divergence_lines(report):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(ratio_chart(report))
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
@@ -189,6 +192,27 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
             f"{s.n_same}/{s.n_prompts}",
         )
     return table
+
+
+def divergence_lines(report: BenchReport) -> list[str]:
+    """One line per mode and prompt whose text differs from plain decoding: where, and whether
+    the target's two choices there were a near tie (allowed) or not (a bug)."""
+    lines = []
+    for row in report.rows:
+        d = row.divergence
+        if d is None:
+            continue
+        verdict = (
+            "a near tie, where llama.cpp's batch numerics may choose either"
+            if d.near_tie
+            else f"NOT a near tie (below {NEAR_TIE}): a lost token, please report it"
+        )
+        lines.append(
+            f"{row.mode} on {row.prompt}: differs from plain at token {d.position} "
+            f"(plain {d.plain_token}, {row.mode} {d.mode_token}); the target's logits for the "
+            f"two are {abs(d.gap):.2f} apart: {verdict}"
+        )
+    return lines
 
 
 def ratio_bar(ratio: float, scale_max: float, width: int = BAR_WIDTH) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+from .backend import Context
 from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
 from .errors import BadSettingError, EdgespecError
 
@@ -46,6 +47,13 @@ LLAMA_MODES = ("llama", "llama-lookup")
 # this baseline.
 LOOKUP_TOKENS = 4
 WARMUP_TOKENS = 8  # an untimed first generation per mode: threads spun up, weights paged in
+# llama.cpp's logits for a token depend slightly on how they were computed: batches above 32 rows
+# take other kernels, and KV cells out of position order (a token tree leaves holes that later
+# tokens fill) change the attention's summation order. Measured on SmolLM2-135M Q4_1 here, the
+# gap between the top two candidates moved by up to 0.63 (prefill in batches of 64 vs one token
+# at a time) and 0.72 (after branching token trees vs plain decoding). Two candidates closer than
+# this are a near tie, where plain and speculative greedy decoding may legitimately differ.
+NEAR_TIE = 0.75
 PROMPTS_FILE = "bench_prompts.toml"
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in all, the run about to start)
@@ -340,6 +348,44 @@ class LlamaRunner:
 
 
 @dataclass
+class Divergence:
+    """Where a mode's greedy output first differs from plain decoding's, and how close the
+    target's two choices were there (logits from one batched pass over prompt + common part)."""
+
+    position: int  # in the generated tokens
+    plain_token: int
+    mode_token: int
+    gap: float  # logit of plain's token minus logit of the mode's
+
+    @property
+    def near_tie(self) -> bool:
+        return abs(self.gap) < NEAR_TIE
+
+
+def first_divergence(
+    engine: Engine, prompt: list[int], plain: list[int], other: list[int]
+) -> Divergence | None:
+    """None if `other` equals `plain`; else where they part and the target's logit gap there.
+
+    An output shorter than the other stopped on an end-of-generation token, which is not in its
+    tokens: its choice there is taken to be the model's EOS.
+    """
+    n = min(len(plain), len(other))
+    position = next((i for i in range(n) if plain[i] != other[i]), n)
+    if position == len(plain) == len(other):
+        return None
+    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=engine.threads)
+    try:
+        logits = ctx.decode([*prompt, *plain[:position]], 0)[-1]
+        eos = engine.target.eos
+        a = plain[position] if position < len(plain) else eos
+        b = other[position] if position < len(other) else eos
+        return Divergence(position, a, b, float(logits[a] - logits[b]))
+    finally:
+        ctx.close()
+
+
+@dataclass
 class BenchRow:
     """One mode on one prompt, over all repeats."""
 
@@ -358,6 +404,7 @@ class BenchRow:
     same_as_target: bool  # every repeat generated exactly the baseline's tokens
     tokens: list[int]  # of the first repeat
     text: str
+    divergence: Divergence | None = None  # of the first repeat that differs from the baseline
 
 
 @dataclass
@@ -448,8 +495,10 @@ def _row(
     runs: list[Measurement],
     baseline: list[Measurement],
     engine: Engine,
+    prompt_tokens: list[int],
 ) -> BenchRow:
     tokens_per_s = statistics.median(m.tokens_per_s for m in runs)
+    differing = [m for m in runs if m.tokens != baseline[0].tokens]
     baseline_tokens_per_s = statistics.median(m.tokens_per_s for m in baseline)
     return BenchRow(
         mode=mode,
@@ -464,9 +513,14 @@ def _row(
         passes_per_token=_median_or_none(m.passes_per_token for m in runs),
         draft_evals_per_pass=_median_or_none(m.draft_evals_per_pass for m in runs),
         overhead_ms=_median_or_none(m.overhead_ms for m in runs),
-        same_as_target=all(m.tokens == baseline[0].tokens for m in runs),
+        same_as_target=not differing,
         tokens=runs[0].tokens,
         text=engine.target.detokenize(runs[0].tokens),
+        divergence=(
+            first_divergence(engine, prompt_tokens, baseline[0].tokens, differing[0].tokens)
+            if differing
+            else None
+        ),
     )
 
 
@@ -581,7 +635,7 @@ def run_bench(
             runner.close()
 
     rows = [
-        _row(mode, p, runs[mode, p.name], runs[BASELINE, p.name], engine)
+        _row(mode, p, runs[mode, p.name], runs[BASELINE, p.name], engine, prompt_tokens[p.name])
         for p in prompts
         for mode in modes
     ]

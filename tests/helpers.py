@@ -7,15 +7,7 @@ import signal
 import numpy as np
 
 from edgespec.backend import Context
-
-# llama.cpp's logits for a token depend slightly on how it was computed: batches above 32 rows
-# take other kernels, and KV cells that are not in position order (a token tree leaves holes that
-# later tokens fill) change the attention's summation order. Measured on SmolLM2-135M Q4_1 here,
-# the gap between the top two candidates moved by up to 0.63 (prefill in batches of 64 vs one
-# token at a time) and 0.72 (after branching token trees vs plain decoding); batches of up to 32
-# in position order were bit-exact. Two candidates closer than this are a near-tie, where plain
-# and speculative greedy decoding may legitimately choose differently.
-NEAR_TIE = 0.75
+from edgespec.bench import NEAR_TIE  # why a near tie may differ: see there
 
 
 def fresh_logits(engine, tokens: list[int]) -> np.ndarray:

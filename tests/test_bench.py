@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from edgespec.backend import Context
 from edgespec.bench import (
     BASELINE,
     LLAMA_MODES,
     BenchReport,
+    Divergence,
     available_modes,
     engine_options,
+    first_divergence,
     load_prompts,
     run_bench,
 )
-from edgespec.cli.bench_cmd import bench, ratio_bar
+from edgespec.cli.bench_cmd import bench, divergence_lines, ratio_bar
 from edgespec.errors import BadSettingError
 
 from .helpers import assert_same_or_near_tie
@@ -211,3 +216,45 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     data = json.loads(out.read_text())
     assert {row["mode"] for row in data["rows"]} == {"target", "llama"}
     assert all(row["n_generated"] <= 8 for row in data["rows"])
+
+
+def test_a_text_differing_from_plain_is_explained_and_only_at_a_near_tie(report):
+    for row in report.rows:
+        assert (row.divergence is None) == row.same_as_target, row.prompt
+        assert row.divergence is None or row.divergence.near_tie, (row.mode, row.divergence)
+
+
+def logits_after(engine, tokens: list[int]) -> np.ndarray:
+    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=engine.threads)
+    try:
+        return ctx.decode(tokens, 0)[-1].copy()
+    finally:
+        ctx.close()
+
+
+def test_first_divergence_finds_where_two_outputs_part_and_the_targets_gap_there(plain_engine):
+    prompt = plain_engine.prompt_tokens("Write a haiku about the sea.")
+    plain = plain_engine.generate(prompt, max_tokens=12, mode="target").tokens
+    assert len(plain) == 12
+    assert first_divergence(plain_engine, prompt, plain, list(plain)) is None
+    at = 5
+    logits = logits_after(plain_engine, [*prompt, *plain[:at]])
+    second, unlikely = int(np.argsort(logits)[-2]), int(logits.argmin())
+    close = first_divergence(plain_engine, prompt, plain, [*plain[:at], second, 7])
+    assert close is not None and (close.position, close.mode_token) == (at, second)
+    assert close.gap == pytest.approx(float(logits[plain[at]] - logits[second]), abs=1e-4)
+    far = first_divergence(plain_engine, prompt, plain, [*plain[:at], unlikely])
+    assert far is not None and far.gap > 5 and not far.near_tie
+    ended = first_divergence(plain_engine, prompt, plain, plain[:at])  # stopped early
+    assert ended is not None and ended.mode_token == plain_engine.target.eos
+
+
+def test_the_command_says_which_texts_differ_and_whether_at_a_near_tie(report):
+    row = report.rows[0]
+    near = replace(row, mode="auto", divergence=Divergence(3, 10, 11, 0.2))
+    far = replace(row, mode="chain", divergence=Divergence(4, 10, 12, 2.5))
+    lines = divergence_lines(replace(report, rows=[row, near, far]))
+    assert len(lines) == 2
+    assert lines[0].startswith(f"auto on {row.prompt}: differs from plain at token 3")
+    assert "0.20 apart: a near tie" in lines[0]
+    assert "2.50 apart: NOT a near tie" in lines[1]
