@@ -250,6 +250,8 @@ def slow_call_that_records_when_it_ends(ended: threading.Event):
 def test_ctrl_c_while_a_pinned_call_runs_returns_only_once_the_call_has_ended():
     runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
     ctrl_c = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    # Python's own handler, even in a test run started where SIGINT is ignored (a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         ctrl_c.start()
         with pytest.raises(KeyboardInterrupt):
@@ -257,6 +259,7 @@ def test_ctrl_c_while_a_pinned_call_runs_returns_only_once_the_call_has_ended():
         assert ended.is_set()
     finally:
         ctrl_c.join()
+        signal.signal(signal.SIGINT, previous)
         runner.close()
 
 
