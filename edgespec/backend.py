@@ -53,6 +53,13 @@ def set_verbose(verbose: bool) -> None:
     _init_backend()
 
 
+# llama_get_logits returning a plain int (the buffer's address): the binding's own returns a
+# ctypes pointer object, whose making and casting cost more than the call.
+_logits_address = ll.llama_cpp._lib["llama_get_logits"]
+_logits_address.argtypes = [ctypes.c_void_p]
+_logits_address.restype = ctypes.c_void_p
+
+
 class Model:
     """A GGUF model loaded into memory by llama.cpp, with its vocabulary."""
 
@@ -212,6 +219,14 @@ class Context:
             raise ContextOverflowError(f"position {last_pos} is beyond the context ({self.n_ctx})")
         batch = self._batch
         batch.n_tokens = n
+        if n == 1 and positions is None and seq_ids is None and not self._rows_off_seq0:
+            # A draft or plain step, the loop's most frequent call. Right after a decode that
+            # streamed the weights through the caches every Python object is cold, so each
+            # numpy call costs microseconds: three scalar stores instead.
+            self._tokens[0] = tokens[0]
+            self._pos[0] = start_pos
+            self._wants_logits[0] = logits != "none"
+            return self._run(batch, 0 if logits == "none" else 1)
         self._tokens[:n] = tokens
         if positions is None:
             np.add(self._offsets[:n], start_pos, out=self._pos[:n])
@@ -228,10 +243,14 @@ class Context:
                 self._n_seq_id[i] = len(ids)
                 self._seq_id_rows[i][: len(ids)] = ids
             self._rows_off_seq0 = max(self._rows_off_seq0, n)
-        n_out = {"last": 1, "all": n, "none": 0}[logits]
+        n_out = 1 if logits == "last" else n if logits == "all" else 0
         self._wants_logits[:n] = 1 if logits == "all" else 0
         if logits == "last":
             self._wants_logits[n - 1] = 1
+        return self._run(batch, n_out)
+
+    def _run(self, batch: ll.llama_batch, n_out: int) -> np.ndarray:
+        """llama_decode on the filled batch; a view of its `n_out` logits rows."""
         t0 = time.perf_counter()
         if self.pinned is None:
             status = ll.llama_decode(self._ctx, batch)
@@ -243,12 +262,12 @@ class Context:
         if n_out == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         # Outputs are stored contiguously in batch order (llama_get_logits reorders them).
-        pointer = ll.llama_get_logits(self._ctx)
-        key = (ctypes.cast(pointer, ctypes.c_void_p).value or 0, n_out)
+        key = (_logits_address(self._ctx) or 0, n_out)
         view = self._logits_views.get(key)
         if view is None:
             if len(self._logits_views) > 256:
                 self._logits_views.clear()
+            pointer = ll.llama_get_logits(self._ctx)
             view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
             self._logits_views[key] = view
         return view
