@@ -54,7 +54,8 @@ def set_verbose(verbose: bool) -> None:
 
 
 # llama_get_logits returning a plain int (the buffer's address): the binding's own returns a
-# ctypes pointer object, whose making and casting cost more than the call.
+# ctypes pointer object, whose making and casting cost more than the call. `_lib` is the loaded
+# library of the pinned llama-cpp-python (pyproject.toml); indexing makes a function of our own.
 _logits_address = ll.llama_cpp._lib["llama_get_logits"]
 _logits_address.argtypes = [ctypes.c_void_p]
 _logits_address.restype = ctypes.c_void_p
