@@ -205,7 +205,7 @@ def divergence_lines(report: BenchReport) -> list[str]:
         verdict = (
             "a near tie, where llama.cpp's batch numerics may choose either"
             if d.near_tie
-            else f"NOT a near tie (below {NEAR_TIE}): a lost token, please report it"
+            else f"NOT a near tie (those are below {NEAR_TIE}): a lost token, please report it"
         )
         lines.append(
             f"{row.mode} on {row.prompt}: differs from plain at token {d.position} "
