@@ -11,7 +11,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from edgespec.backend import Context
 from edgespec.bench import (
     BASELINE,
     LLAMA_MODES,
@@ -26,7 +25,7 @@ from edgespec.bench import (
 from edgespec.cli.bench_cmd import bench, divergence_lines, ratio_bar
 from edgespec.errors import BadSettingError
 
-from .helpers import assert_same_or_near_tie
+from .helpers import assert_same_or_near_tie, fresh_logits
 
 TINY_SUITE = """
 [[prompts]]
@@ -224,21 +223,13 @@ def test_a_text_differing_from_plain_is_explained_and_only_at_a_near_tie(report)
         assert row.divergence is None or row.divergence.near_tie, (row.mode, row.divergence)
 
 
-def logits_after(engine, tokens: list[int]) -> np.ndarray:
-    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=engine.threads)
-    try:
-        return ctx.decode(tokens, 0)[-1].copy()
-    finally:
-        ctx.close()
-
-
 def test_first_divergence_finds_where_two_outputs_part_and_the_targets_gap_there(plain_engine):
     prompt = plain_engine.prompt_tokens("Write a haiku about the sea.")
     plain = plain_engine.generate(prompt, max_tokens=12, mode="target").tokens
     assert len(plain) == 12
     assert first_divergence(plain_engine, prompt, plain, list(plain)) is None
     at = 5
-    logits = logits_after(plain_engine, [*prompt, *plain[:at]])
+    logits = fresh_logits(plain_engine, [*prompt, *plain[:at]])
     second, unlikely = int(np.argsort(logits)[-2]), int(logits.argmin())
     close = first_divergence(plain_engine, prompt, plain, [*plain[:at], second, 7])
     assert close is not None and (close.position, close.mode_token) == (at, second)
