@@ -54,18 +54,33 @@ def measure_curve(
     *,
     budget_s: float | None = None,
 ) -> dict[int, float]:
-    """Median seconds of one decode pass of k tokens (see measure_times)."""
-    times = measure_times(ctx, ks, repeats, context_tokens, budget_s=budget_s)
-    return {k: statistics.median(t) for k, t in times.items()}
+    """Seconds of one decode pass of k tokens (see measure_times and curve_from_times)."""
+    return curve_from_times(measure_times(ctx, ks, repeats, context_tokens, budget_s=budget_s))
 
 
-def noise(times: Mapping[int, Sequence[float]]) -> float:
-    """How much repeated timings of the same pass disagreed: the largest median absolute
-    deviation over the ks, relative to that k's median; 0 when every repeat took as long."""
-    return max(
-        statistics.median(abs(t - statistics.median(ts)) for t in ts) / statistics.median(ts)
-        for ts in times.values()
-    )
+def curve_from_times(times: Mapping[int, Sequence[tuple[float, float]]]) -> dict[int, float]:
+    """{k: seconds} from measure_times' pairs: T(1) is the median step, and T(k) is T(1) times
+    the median of each pass's time over the step's right before it. A machine whose speed
+    drifts while it is measured (other work coming and going) slows a pass and its step alike,
+    so the ratio holds where separate medians of the two would not."""
+    step = statistics.median(s for pairs in times.values() for s, _ in pairs)
+    return {
+        k: step if k == 1 else step * statistics.median(t / s for s, t in pairs)
+        for k, pairs in times.items()
+    }
+
+
+def noise(times: Mapping[int, Sequence[tuple[float, float]]]) -> float:
+    """How much repeated measurements disagreed: the largest median absolute deviation, relative
+    to the median, of the plain steps and of each k's pass-to-step ratios; 0 when all agree."""
+
+    def spread(values: list[float]) -> float:
+        middle = statistics.median(values)
+        return statistics.median(abs(v - middle) for v in values) / middle
+
+    steps = [s for pairs in times.values() for s, _ in pairs]
+    ratios = [[t / s for s, t in pairs] for k, pairs in times.items() if k != 1]
+    return max(spread(values) for values in [steps, *ratios])
 
 
 def measure_times(
@@ -75,16 +90,17 @@ def measure_times(
     context_tokens: int = CONTEXT_TOKENS,
     *,
     budget_s: float | None = None,
-) -> dict[int, list[float]]:
-    """Seconds of each timed decode pass of k tokens with logits for all k (as a verification).
+) -> dict[int, list[tuple[float, float]]]:
+    """Timed decode passes of k tokens with logits for all k (as a verification), each right
+    after a timed plain step (k = 1) at the same position: {k: [(step s, pass s) per round]}.
 
-    Clears `ctx`, prefills `context_tokens` tokens, then times each k at the positions after that
-    prefix and removes the k tokens again, so every pass sees the same cache length. k = 1 (the
-    plain decoding step) is always measured, in the same rounds as the others. Each round times
-    every k once in a shuffled order: slow drift on a noisy machine spreads over all k instead of
-    biasing the ones measured last. With `budget_s`, rounds stop once that much time has passed
-    since the start, prefill and warm-up included (after at least one round).
-    Returns {k: [seconds of each round]}, ascending in k.
+    The pairs are what makes the curve hold on a busy machine (curve_from_times); the steps are
+    also the measurements of T(1), which is always measured. Clears `ctx`, prefills
+    `context_tokens` tokens, then times every pass at the positions after that prefix and
+    removes its tokens again, so every pass sees the same cache length. Each round times every
+    k once in a shuffled order: slow drift spreads over all k instead of biasing the ones
+    measured last. With `budget_s`, rounds stop once that much time has passed since the start,
+    prefill and warm-up included (after at least one round). Ascending in k.
     """
     ks = sorted(set(ks) | {1})
     if ks[0] < 1 or repeats < 1 or context_tokens < 0:
@@ -112,11 +128,12 @@ def measure_times(
         ctx.decode(prefix, 0, logits="none")
     for k in ks:  # warm-up: first passes of a shape pay for graph allocation and cold caches
         timed_pass(k)
-    times: dict[int, list[float]] = {k: [] for k in ks}
+    times: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
     order = random.Random(SHUFFLE_SEED)
     for _ in range(repeats):
         for k in order.sample(ks, len(ks)):
-            times[k].append(timed_pass(k))
+            step = timed_pass(1)
+            times[k].append((step, step if k == 1 else timed_pass(k)))
         if budget_s is not None and time.perf_counter() - started > budget_s:
             break
     return times
@@ -148,7 +165,7 @@ class DeviceProfile:
     n_threads: int
     cpus: str  # the CPU set the threads ran on, e.g. "0-3"
     ks: list[int]
-    seconds: list[float]  # median seconds of one pass of ks[i] tokens
+    seconds: list[float]  # seconds of one pass of ks[i] tokens (curve_from_times)
     measured_at: str  # ISO 8601, UTC
     noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
 
@@ -332,7 +349,7 @@ def measure_profile(
     """Measure the curve on `ctx` (which it clears) and label it; `n_threads` and `cpus` say how
     `ctx` runs (a Context does not know its CPUs; default: this thread's)."""
     times = measure_times(ctx, ks, repeats, context_tokens, budget_s=budget_s)
-    curve = {k: statistics.median(t) for k, t in times.items()}
+    curve = curve_from_times(times)
     path = ctx.model.path
     return DeviceProfile(
         model_file=path.name,

@@ -297,9 +297,50 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     assert said == [] and again.profile == engine.profile
 
 
-def test_noise_is_how_far_repeated_timings_stray_from_their_median():
-    assert noise({1: [0.01, 0.01, 0.01], 4: [0.02, 0.02, 0.02]}) == 0.0
-    assert noise({1: [0.01, 0.01, 0.01], 4: [0.01, 0.02, 0.03]}) == pytest.approx(0.5)
+def test_noise_is_how_far_repeated_steps_or_pass_to_step_ratios_stray_from_their_median():
+    steady = {1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.02)] * 3}
+    assert noise(steady) == 0.0
+    # Everything twice as slow in one round: the steps vary, the ratios do not.
+    busy_round = {1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.02), (0.02, 0.04), (0.01, 0.02)]}
+    assert noise(busy_round) == 0.0  # the median step is 0.01; two of the four steps deviate
+    assert noise({1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.01), (0.01, 0.02), (0.01, 0.03)]}) == (
+        pytest.approx(0.5)
+    )
+
+
+# What a pass of k tokens costs, in steps, on the fake machine below.
+DRIFT_COST = {1: 1.0, 2: 1.5, 4: 2.0, 8: 5.0, 16: 6.0}
+
+
+class DriftingMachine:
+    """A fake context on a machine that slows down steadily while it is profiled (other work
+    starting up): a pass of k tokens takes DRIFT_COST[k] ms times a factor growing from 1 to 2."""
+
+    n_batch = n_ctx = 512
+    model = type("FakeModel", (), {"n_vocab": 1000})()
+
+    def __init__(self, total_ms: float) -> None:
+        self.now_ms = 0.0
+        self.total_ms = total_ms
+
+    def perf_counter(self) -> float:
+        return self.now_ms / 1000
+
+    def decode(self, tokens: list[int], start_pos: int, logits: str = "last") -> None:
+        k = len(tokens) if len(tokens) in DRIFT_COST else 1  # the prefill: any duration
+        self.now_ms += DRIFT_COST[k] * (1 + min(self.now_ms / self.total_ms, 1.0))
+
+    def clear(self) -> None: ...
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None: ...
+
+
+def test_a_machine_slowing_down_while_measured_still_gives_the_devices_curve(monkeypatch):
+    machine = DriftingMachine(total_ms=100.0)  # about the length of the 5 rounds below
+    monkeypatch.setattr("edgespec.profile.time", machine)
+    curve = measure_curve(machine, ks=list(DRIFT_COST), repeats=5)  # type: ignore[arg-type]
+    for k, cost in DRIFT_COST.items():
+        assert curve[k] / curve[1] == pytest.approx(cost, rel=0.03), k
 
 
 def test_a_measured_profile_records_its_noise_and_old_files_without_it_still_load(
