@@ -143,7 +143,7 @@ def _header(report: BenchReport) -> str:
     return (
         f"target {settings.target.file}, draft {draft}, {settings.threads} threads, "
         f"{_plural(settings.repeats, 'repeat')}, greedy\n"
-        f"{report.machine['cpu']}, {settings.date}"
+        f"{report.machine['cpu']} ({report.machine.get('simd', 'unknown')}), {settings.date}"
     )
 
 

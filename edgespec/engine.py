@@ -57,6 +57,7 @@ from .tree import (
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
 MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers
+CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
@@ -585,7 +586,7 @@ class Engine:
                 costs,
             )
             proposal.tokens = proposal.tokens[:length]
-        choice = policy.choose(ngram_rate)
+        choice = policy.choose(ngram_rate, self._catch_up_s(run))
         run.stats.record_choice(choice)
         if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
             run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
@@ -606,6 +607,20 @@ class Engine:
         if choice in ("chain", "tree"):
             policy.record_arm(choice, len(decided), time.perf_counter() - t0)
         return decided
+
+    def _catch_up_s(self, run: _Run) -> float:
+        """Seconds the draft would spend evaluating the tokens decided without it (auto's plain
+        and n-gram rounds) before it could draft: one prefill batch, priced per token like the
+        largest pass of its curve. 0 while a draft step's cost is unknown."""
+        draft_s = run.policy.costs.draft_s.value if run.policy else None
+        behind = len(run.tokens) - 1 - run.draft_cached
+        if draft_s is None or behind <= 0:
+            return 0.0
+        if self.draft_profile:
+            per_token = self.draft_profile.relative(CATCH_UP_BATCH) / CATCH_UP_BATCH
+        else:
+            per_token = relative_cost(DEFAULT_RELATIVE, CATCH_UP_BATCH) / CATCH_UP_BATCH
+        return behind * draft_s * per_token
 
     def _auto_chain(self, run: _Run, limit: int) -> list[int]:
         """A model chain whose length is decided token by token: draft on while one more token

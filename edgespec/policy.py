@@ -21,6 +21,10 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 CEILING_MARGIN = 1.25
 SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
+# A probe first catches the draft up on every token decided without it: 2-4 s on a long chat or
+# edit here, where a probe was meant to cost about a step. It waits until that is at most this
+# share of the time since the arm's last try.
+PROBE_SHARE = 0.02
 
 
 @dataclass
@@ -211,9 +215,10 @@ class AutoPolicy:
         ceiling = self.model_ceiling()
         return ceiling is None or ceiling > CEILING_MARGIN
 
-    def choose(self, ngram_rate: float | None) -> str:
+    def choose(self, ngram_rate: float | None, catch_up_s: float = 0.0) -> str:
         """ "plain", "ngram" or a model arm's name. Call once per round, after a plain step has
-        been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any."""
+        been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any, and
+        `catch_up_s` what bringing the draft up to date would cost before it drafts."""
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
@@ -227,7 +232,12 @@ class AutoPolicy:
         best = max(self.arms, key=lambda a: a.rate.value or 0.0, default=None)
         if best is not None and (best.rate.value or 0.0) > plain * MARGIN:
             return best.name
-        due = [a for a in self.arms if a.since_try >= a.probe_every]
+        waited_s = self.costs.verify_s(1)  # per round since a try
+        due = [
+            a
+            for a in self.arms
+            if a.since_try >= a.probe_every and catch_up_s <= PROBE_SHARE * a.since_try * waited_s
+        ]
         return due[0].name if due else "plain"
 
     def record_arm(self, name: str, tokens: int, seconds: float) -> None:

@@ -17,6 +17,7 @@ from edgespec.bench import (
     BenchReport,
     Divergence,
     available_modes,
+    cpu_simd,
     engine_options,
     first_divergence,
     load_prompts,
@@ -157,6 +158,7 @@ def test_progress_is_reported_before_every_run_and_at_the_end(report, progress_s
 def test_the_report_serialises_to_json_with_the_machine_and_settings(report):
     data = json.loads(json.dumps(report.to_dict()))
     assert data["machine"]["cpu"] and data["machine"]["logical_cpus"] >= 1
+    assert data["machine"]["simd"]
     assert data["settings"]["threads"] == 1 and data["settings"]["repeats"] == 1
     assert data["settings"]["target"]["file"].endswith(".gguf")
     assert {p["name"] for p in data["prompts"]} == {"add", "sky"}
@@ -249,3 +251,27 @@ def test_the_command_says_which_texts_differ_and_whether_at_a_near_tie(report):
     assert lines[0].startswith(f"auto on {row.prompt}: differs from plain at token 3")
     assert "0.20 apart: a near tie" in lines[0]
     assert "2.50 apart: NOT a near tie" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "simd"),
+    [
+        ("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n", "AVX-512"),
+        ("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n", "AVX2"),
+        (
+            "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32 asimddp\nModel\t: Raspberry Pi 5\n",
+            "DOTPROD NEON",
+        ),
+        ("processor\t: 0\nFeatures\t: fp asimd asimddp sve i8mm bf16\n", "SVE I8MM DOTPROD NEON"),
+        ("processor\t: 0\n", "unknown"),
+    ],
+    ids=["x86-avx512", "x86-avx2", "raspberry-pi-5", "phone-armv9", "nothing"],
+)
+def test_the_bench_names_the_vector_extensions_that_set_batch_costs(tmp_path, cpuinfo, simd):
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert cpu_simd(path) == simd
+
+
+def test_a_machine_without_cpuinfo_has_unknown_extensions(tmp_path):
+    assert cpu_simd(tmp_path / "missing") == "unknown"

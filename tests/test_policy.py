@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from edgespec.policy import (
+    PROBE_SHARE,
     Arm,
     AutoPolicy,
     Calibrator,
@@ -136,6 +137,20 @@ def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_lose
     assert probes[0] == 0 and len(probes) < 10  # a handful of probes in 400 rounds
     assert gaps == sorted(gaps)  # spaced out more and more
     assert max(gaps) <= AutoPolicy.MAX_PROBE_EVERY
+
+
+def test_a_probe_waits_while_catching_the_draft_up_would_cost_more_than_its_share():
+    step_s = 0.03
+    policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
+    # The draft is 600 tokens behind (a long chat): catching up costs ~3 s, 100 plain steps.
+    catch_up_s = 3.0
+    rounds_needed = catch_up_s / (PROBE_SHARE * step_s)  # 5000 rounds
+    choices = [policy.choose(None, catch_up_s=catch_up_s) for _ in range(6000)]
+    assert choices.index("chain") == pytest.approx(rounds_needed, abs=1)
+    # A draft only a few tokens behind is probed when its turn comes.
+    policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
+    choices = [policy.choose(None, catch_up_s=0.01) for _ in range(40)]
+    assert choices.index("chain") == 31
 
 
 def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
