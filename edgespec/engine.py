@@ -586,7 +586,8 @@ class Engine:
                 costs,
             )
             proposal.tokens = proposal.tokens[:length]
-        choice = policy.choose(ngram_rate, self._catch_up_s(run))
+        rounds_left = run.cfg.max_tokens - len(run.generated)
+        choice = policy.choose(ngram_rate, self._catch_up_s(run), rounds_left)
         run.stats.record_choice(choice)
         if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
             run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))

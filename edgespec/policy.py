@@ -23,8 +23,10 @@ SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # A probe first catches the draft up on every token decided without it: 2-4 s on a long chat or
 # edit here, where a probe was meant to cost about a step. It waits until that is at most this
-# share of the time since the arm's last try.
+# share of the time since the arm's last try, and of the time the answer has left: a probe that
+# finds the draft worth using can only pay back within the answer it is made in.
 PROBE_SHARE = 0.02
+ANSWER_SHARE = 0.05
 
 
 @dataclass
@@ -215,10 +217,13 @@ class AutoPolicy:
         ceiling = self.model_ceiling()
         return ceiling is None or ceiling > CEILING_MARGIN
 
-    def choose(self, ngram_rate: float | None, catch_up_s: float = 0.0) -> str:
+    def choose(
+        self, ngram_rate: float | None, catch_up_s: float = 0.0, rounds_left: int | None = None
+    ) -> str:
         """ "plain", "ngram" or a model arm's name. Call once per round, after a plain step has
-        been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any, and
-        `catch_up_s` what bringing the draft up to date would cost before it drafts."""
+        been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any,
+        `catch_up_s` what bringing the draft up to date would cost before it drafts, and
+        `rounds_left` how many plain steps the answer may still take (None: no end in sight)."""
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
@@ -232,11 +237,13 @@ class AutoPolicy:
         best = max(self.arms, key=lambda a: a.rate.value or 0.0, default=None)
         if best is not None and (best.rate.value or 0.0) > plain * MARGIN:
             return best.name
-        waited_s = self.costs.verify_s(1)  # per round since a try
+        step_s = self.costs.verify_s(1)
+        if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
+            return "plain"
         due = [
             a
             for a in self.arms
-            if a.since_try >= a.probe_every and catch_up_s <= PROBE_SHARE * a.since_try * waited_s
+            if a.since_try >= a.probe_every and catch_up_s <= PROBE_SHARE * a.since_try * step_s
         ]
         return due[0].name if due else "plain"
 

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from edgespec.policy import (
+    ANSWER_SHARE,
     PROBE_SHARE,
     Arm,
     AutoPolicy,
@@ -151,6 +152,17 @@ def test_a_probe_waits_while_catching_the_draft_up_would_cost_more_than_its_shar
     policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
     choices = [policy.choose(None, catch_up_s=0.01) for _ in range(40)]
     assert choices.index("chain") == 31
+
+
+def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_too_much():
+    step_s = 0.03
+    catch_up_s = 0.5  # a draft 100 tokens behind
+    short_answer = int(catch_up_s / (ANSWER_SHARE * step_s)) - 1  # 332 rounds left: too few
+    for rounds_left, probed in ((short_answer, False), (10 * short_answer, True)):
+        policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
+        for arm in policy.arms:
+            arm.since_try = 10**6  # long due, as far as the time since its last try goes
+        assert (policy.choose(None, catch_up_s, rounds_left) == "chain") is probed
 
 
 def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
