@@ -60,7 +60,7 @@ def measure_curve(
 
 def curve_from_times(times: Mapping[int, Sequence[tuple[float, float]]]) -> dict[int, float]:
     """{k: seconds} from measure_times' pairs: T(1) is the median step, and T(k) is T(1) times
-    the median of each pass's time over the step's right before it. A machine whose speed
+    the median of each pass's time over that of the step right before it. A machine whose speed
     drifts while it is measured (other work coming and going) slows a pass and its step alike,
     so the ratio holds where separate medians of the two would not."""
     step = statistics.median(s for pairs in times.values() for s, _ in pairs)

@@ -302,7 +302,7 @@ def test_noise_is_how_far_repeated_steps_or_pass_to_step_ratios_stray_from_their
     assert noise(steady) == 0.0
     # Everything twice as slow in one round: the steps vary, the ratios do not.
     busy_round = {1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.02), (0.02, 0.04), (0.01, 0.02)]}
-    assert noise(busy_round) == 0.0  # the median step is 0.01; two of the four steps deviate
+    assert noise(busy_round) == 0.0  # one step of six is off: the median deviation is 0
     assert noise({1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.01), (0.01, 0.02), (0.01, 0.03)]}) == (
         pytest.approx(0.5)
     )
