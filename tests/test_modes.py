@@ -236,6 +236,33 @@ def test_auto_drafting_with_the_model_after_plain_rounds_still_equals_plain(
         assert spec.stats.draft_evals > 0 and spec.stats.choices.get("chain", 0) > 0
 
 
+def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answer_too_much(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """The draft is 300 tokens behind (a long prompt it has not seen) and costs 0.2 of a step a
+    token to catch up: 60 steps. An 8-token answer must not pay that for a probe; an answer that
+    may run 1500 tokens can (ANSWER_SHARE: 5 % of 1500 steps is 75)."""
+    import edgespec
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    prompt = list(range(1000, 1300))  # distinct tokens: no n-gram proposal to take instead
+    draft_evals = {}
+    for max_tokens in (8, 1500):
+        engine = edgespec.load(smol_path, smol_q2_k, n_ctx=2048)
+        flat_device(engine, draft_cost=0.2)  # a draft that could pay: its ceiling is ~2x
+        for arm in engine.model_arms:  # tried long ago and lost; its probe is long due
+            arm.tried, arm.since_try = True, 10**6
+        stream = engine.stream(prompt, max_tokens=max_tokens, mode="auto")
+        pieces = iter(stream)
+        for _ in zip(range(20), pieces, strict=False):
+            pass
+        pieces.close()  # type: ignore[attr-defined]
+        assert stream.result is not None
+        draft_evals[max_tokens] = stream.result.stats.draft_evals
+    assert draft_evals[8] == 0
+    assert draft_evals[1500] > 0
+
+
 def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     import edgespec
 
