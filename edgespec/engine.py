@@ -267,8 +267,9 @@ class Engine:
             measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
             if measured is None:
                 say(
-                    f"measuring how fast this device runs {ctx.model.path.name} (first use, a "
-                    "few seconds; `edgespec profile` measures in full)"
+                    f"measuring how fast this device runs {ctx.model.path.name} (first use or a "
+                    "profile from an older edgespec; a few seconds; `edgespec profile` measures "
+                    "in full)"
                 )
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 save_profile(measured)

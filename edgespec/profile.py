@@ -36,6 +36,10 @@ CONTEXT_TOKENS = 256  # a realistic KV length: attention over the prompt is part
 QUICK_CONTEXT_TOKENS = 64
 QUICK_BUDGET_S = 4.0
 NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy machine
+# How the stored curves are measured. 2: each pass paired with a plain step (curve_from_times).
+# Profiles measured otherwise (1: separate medians, T(2) 1.32 and 1.65 in two runs here) are
+# measured again rather than trusted.
+PROFILE_METHOD = 2
 SHUFFLE_SEED = 1234
 
 # T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (edge-physics.md): a steep curve, so a
@@ -168,6 +172,7 @@ class DeviceProfile:
     seconds: list[float]  # seconds of one pass of ks[i] tokens (curve_from_times)
     measured_at: str  # ISO 8601, UTC
     noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
+    method: int = PROFILE_METHOD  # see PROFILE_METHOD; files without it are method 1
 
     @property
     def quick(self) -> bool:
@@ -206,6 +211,7 @@ class DeviceProfile:
             seconds=[float(s) for s in data["seconds"]],
             measured_at=str(data["measured_at"]),
             noise=float(data.get("noise", 0.0)),
+            method=int(data.get("method", 1)),
         )
         ks_ok = profile.ks == sorted(set(profile.ks)) and 1 in profile.ks
         if not ks_ok or len(profile.seconds) != len(profile.ks):
@@ -252,7 +258,8 @@ def load_profile(
     model_path: str | Path, n_threads: int, cpus: str | None = None
 ) -> DeviceProfile | None:
     """The saved profile of this model file, thread count and CPU set (default: this thread's
-    CPUs), or None if there is none, or it is unreadable or does not match: never an error."""
+    CPUs), or None if there is none, or it is unreadable, does not match or was measured the old
+    way (PROFILE_METHOD): never an error."""
     model_path = Path(model_path)
     try:
         size = model_path.stat().st_size
@@ -268,6 +275,8 @@ def load_profile(
     expected = (model_path.name, size, n_threads, cpus)
     if (profile.model_file, profile.model_size, profile.n_threads, profile.cpus) != expected:
         return None
+    if profile.method < PROFILE_METHOD:
+        return None  # measured the old way: measure again, and the next save replaces it
     return profile
 
 

@@ -20,6 +20,7 @@ from edgespec.errors import BadSettingError
 from edgespec.profile import (
     DEFAULT_RELATIVE,
     FULL_KS,
+    PROFILE_METHOD,
     QUICK_KS,
     AutoMemory,
     DeviceProfile,
@@ -161,6 +162,17 @@ def test_another_thread_count_cpu_set_or_file_size_finds_no_profile(home, model_
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
 
 
+def test_a_profile_measured_the_old_way_is_measured_again(home, model_file):
+    """Before PROFILE_METHOD 2 a curve was two separate medians, which a busy machine bent; such a
+    file (it has no "method") counts as no profile, so first use measures one the current way."""
+    path = save_profile(a_profile(model_file))
+    data = json.loads(path.read_text())
+    assert data["method"] == PROFILE_METHOD
+    del data["method"]
+    path.write_text(json.dumps(data))
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+
+
 def test_no_profile_for_a_missing_model_file(home, tmp_path):
     assert load_profile(tmp_path / "gone.gguf", n_threads=2) is None
 
@@ -295,6 +307,17 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     said.clear()
     again.profile_if_missing(say=said.append)
     assert said == [] and again.profile == engine.profile
+
+    # The target's profile as an older edgespec wrote it (no "method"): measured again.
+    stored = next(p for p in profiles_dir().glob(f"{smol_path.name}-*.json"))
+    data = json.loads(stored.read_text())
+    del data["method"]
+    stored.write_text(json.dumps(data))
+    third = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    said.clear()
+    third.profile_if_missing(say=said.append)
+    assert len(said) == 1 and smol_path.name in said[0] and "older edgespec" in said[0]
+    assert json.loads(stored.read_text())["method"] == PROFILE_METHOD
 
 
 def test_noise_is_how_far_repeated_steps_or_pass_to_step_ratios_stray_from_their_median():
