@@ -220,10 +220,15 @@ class Context:
             raise ContextOverflowError(f"position {last_pos} is beyond the context ({self.n_ctx})")
         batch = self._batch
         batch.n_tokens = n
-        if n == 1 and positions is None and seq_ids is None and not self._rows_off_seq0:
-            # A draft or plain step, the loop's most frequent call. Right after a decode that
-            # streamed the weights through the caches every Python object is cold, so each
-            # numpy call costs microseconds: three scalar stores instead.
+        if n == 1 and positions is None and (seq_ids is None or len(seq_ids[0]) == 1):
+            # A draft or plain step (in a tree: on one branch), the loop's most frequent call.
+            # Right after a decode that streamed the weights through the caches every Python
+            # object is cold, so each numpy call costs microseconds: scalar stores instead.
+            seq = 0 if seq_ids is None else seq_ids[0][0]
+            if seq or self._rows_off_seq0:
+                self._n_seq_id[0] = 1
+                self._seq_id_rows[0][0] = seq
+                self._rows_off_seq0 = max(self._rows_off_seq0, 1)
             self._tokens[0] = tokens[0]
             self._pos[0] = start_pos
             self._wants_logits[0] = logits != "none"
