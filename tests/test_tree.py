@@ -122,6 +122,7 @@ def test_top_candidates_are_the_softmax_of_the_drafts_logits() -> None:
 def test_top_candidates_are_the_n_most_probable_argmax_first() -> None:
     logits = np.log(probs({3: 0.5, 40: 0.2, 7: 0.2, 9: 0.05}))
     assert [t for t, _ in top_candidates(logits, 3)] == [3, 7, 40]  # equals: lower id first
+    assert [t for t, _ in top_candidates(logits, 2)] == [3, 7]  # a tie at the cut, too
     assert top_candidates(logits, 1) == [(3, pytest.approx(0.5))]
     tied = np.zeros(VOCAB)
     assert top_candidates(tied, 2)[0][0] == 0  # as argmax picks
