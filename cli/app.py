@@ -158,7 +158,7 @@ def run(
     alpha0: opt.Alpha0 = None,
     scheduler: opt.Scheduler = "pacer",
     adaptive_alpha: opt.AdaptiveAlpha = None,
-    ngram_branch: opt.NgramBranch = True,
+    ngram: opt.Ngram = True,
     calibrated: opt.Calibrated = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
@@ -186,7 +186,7 @@ def run(
         alpha0=alpha0,
         scheduler=scheduler,
         adaptive_alpha=adaptive_alpha,
-        ngram_branch=ngram_branch,
+        ngram=ngram,
         calibrated=calibrated,
     )
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)

@@ -89,11 +89,12 @@ Alpha0 = Annotated[
     ),
 ]
 Scheduler = Annotated[str, typer.Option(help="Tree: branch scheduler, pacer (LLMCad) or greedy")]
-NgramBranch = Annotated[
+Ngram = Annotated[
     bool,
     typer.Option(
-        "--ngram-branch/--no-ngram-branch",
-        help="Tree, greedy: also verify the n-gram drafter's proposal as a branch",
+        "--ngram/--no-ngram",
+        help="Chain, tree: also draft with the n-gram drafter (its proposal alone where it "
+        "promises more than the model; in greedy trees, a branch)",
     ),
 ]
 Calibrated = Annotated[

@@ -139,12 +139,13 @@ def available_modes(has_draft: bool) -> list[str]:
     return [m for m in MODES if has_draft or not needs_draft(m)] + list(LLAMA_MODES)
 
 
+NO_NGRAM = {"ngram": False}  # the model alone: no n-gram rounds or branches
 TREE_WORDS = {  # what may follow a tree's size in a bench mode, e.g. "tree:9:greedy:raw"
     **{name: {"scheduler": name} for name in SCHEDULERS},
     "raw": {"calibrated": False},  # LLMCad's raw draft probabilities
     "adaptive": {"adaptive_alpha": True},  # LLMCad's update of alpha
     "fixed": {"adaptive_alpha": False},
-    "nogram": {"ngram_branch": False},  # no n-gram branch
+    "nogram": NO_NGRAM,
     # LLMCad as published: raw probabilities, alpha from 0.01 on, adapted
     "llmcad": {"calibrated": False, "adaptive_alpha": True, "alpha0": 0.01},
 }
@@ -153,7 +154,8 @@ TREE_WORDS = {  # what may follow a tree's size in a bench mode, e.g. "tree:9:gr
 def engine_options(mode: str) -> dict[str, Any]:
     """Engine.generate's options for a bench mode: "chain" or, with a size, "chain:8" (draft
     length of chain and ngram, node budget of tree), so that sizes can be compared in one run;
-    a tree may also take the words of TREE_WORDS, "tree:9:pacer", "tree:9:llmcad:nogram"."""
+    a tree may also take the words of TREE_WORDS, "tree:9:pacer", "tree:9:llmcad:nogram", and a
+    chain "nogram", "chain:4:nogram"."""
     name, _, rest = mode.partition(":")
     if not rest:
         return {"mode": name}
@@ -166,13 +168,14 @@ def engine_options(mode: str) -> dict[str, Any]:
         "mode": name,
         "max_nodes" if name == "tree" else "draft_max": int(size),
     }
+    words_of = {"tree": TREE_WORDS, "chain": {"nogram": NO_NGRAM}}.get(name, {})
     for word in words:
-        if name != "tree" or word not in TREE_WORDS:
+        if word not in words_of:
             raise BadSettingError(
-                f"bad mode {mode!r}: only a tree takes more, one of {', '.join(TREE_WORDS)},"
-                " e.g. tree:9:pacer"
+                f"bad mode {mode!r}: after its size a chain takes nogram, a tree one of "
+                f"{', '.join(TREE_WORDS)}, e.g. tree:9:pacer"
             )
-        options.update(TREE_WORDS[word])
+        options.update(words_of[word])
     return options
 
 

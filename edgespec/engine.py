@@ -27,6 +27,7 @@ from .policy import (
     AutoPolicy,
     Calibrator,
     Costs,
+    ModelOrNgram,
     best_proposal_length,
     expected_tokens,
     worth_drafting_on,
@@ -86,7 +87,9 @@ class GenerationConfig:
     alpha0: float | None = None  # initial confidence threshold for verifying; see alpha_rule
     adaptive_alpha: bool | None = None  # LLMCad's update of alpha after each verification
     scheduler: str = "pacer"
-    ngram_branch: bool = True  # greedy trees also verify the n-gram drafter's proposal
+    # Chain and tree modes also draft with the n-gram drafter: a round of its own where its
+    # proposal promises more than the model (copied text), and a branch of greedy trees.
+    ngram: bool = True
     calibrated: bool = True  # greedy trees weigh draft tokens by their learnt acceptance
 
     @property
@@ -176,11 +179,19 @@ class _Run:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
-    policy: AutoPolicy | None = None
+    # What passes and draft steps cost here, measured while generating (speculative modes).
+    costs: Costs = field(default_factory=lambda: Costs(_default_curve))
+    policy: AutoPolicy | None = None  # mode "auto"
+    drafters: ModelOrNgram = field(default_factory=ModelOrNgram)  # chain and tree modes
     # How often the target agrees with the draft's argmax, by the draft's probability of it:
     # learnt from every verification of this generation (auto's policy shares it).
     calibrator: Calibrator = field(default_factory=Calibrator)
     draft_step_s: float = 0.0  # one draft evaluation in the last drafted chain, catching up aside
+
+
+def _default_curve(k: int) -> float:
+    """T(k)/T(1) where this device has no profile: a curve measured on a CPU like it."""
+    return relative_cost(DEFAULT_RELATIVE, k)
 
 
 class Engine:
@@ -253,7 +264,7 @@ class Engine:
             for name in (("chain", "tree") if draft else ())
         ]
         self.relative_cost: Callable[[int], float] = (
-            self.profile.relative if self.profile else lambda k: relative_cost(DEFAULT_RELATIVE, k)
+            self.profile.relative if self.profile else _default_curve
         )
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
@@ -364,12 +375,13 @@ class Engine:
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
+        run.costs = Costs(self.relative_cost)
         if cfg.mode == "auto":
-            run.policy = AutoPolicy(Costs(self.relative_cost), self.model_arms)
+            run.policy = AutoPolicy(run.costs, self.model_arms)
             run.calibrator = run.policy.calibrator
         round_fn = {
             "target": self._round_target,
-            "chain": self._round_chain,
+            "chain": self._round_chain_mode,
             "tree": self._round_tree_mode,
             "ngram": self._round_ngram,
             "auto": self._round_auto,
@@ -444,6 +456,12 @@ class Engine:
             self._q_rows = np.empty((n, self._draft_vocab), dtype=np.float32)
         return self._q_rows
 
+    def _record_pass(self, run: _Run, k: int, seconds: float) -> None:
+        if run.policy is not None:  # auto times plain steps and corrects the curve with passes
+            run.costs.record_pass(k, seconds)
+        else:
+            run.costs.record_pass_as_step(k, seconds)
+
     def _round_target(self, run: _Run, room: int) -> list[int]:
         feed = run.tokens[run.target_cached :]
         row = self.target_ctx.decode(feed, run.target_cached)[-1]
@@ -453,11 +471,67 @@ class Engine:
             return [int(row.argmax())]
         return [sample(probs_from_logits(row, run.sampling), run.rng)]
 
-    def _round_chain(self, run: _Run, room: int) -> list[int]:
-        """Draft up to --draft-max tokens with the model, verify them in one target pass."""
-        k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
-        proposed, _ = self._draft_chain(run, k)
-        return self._verify_chain(run, proposed, from_draft=True)
+    def _round_chain_mode(self, run: _Run, room: int) -> list[int]:
+        """--mode chain: draft up to --draft-max tokens with the model, verify them in one target
+        pass; or the n-gram proposal, where it promises more (`_model_or_ngram`)."""
+
+        def chain(_: Proposal | None) -> list[int]:
+            k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
+            proposed, _ = self._draft_chain(run, k)
+            return self._verify_chain(run, proposed, from_draft=True)
+
+        return self._model_or_ngram(run, room, chain)
+
+    def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
+        """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch
+        (greedy); or that proposal alone, where it promises more (`_model_or_ngram`)."""
+
+        def tree(proposal: Proposal | None) -> list[int]:
+            graft = proposal if run.sampling.greedy else None
+            return self._round_tree(run, room, graft)
+
+        return self._model_or_ngram(run, room, tree)
+
+    def _model_or_ngram(
+        self, run: _Run, room: int, model_round: Callable[[Proposal | None], list[int]]
+    ) -> list[int]:
+        """A round of the model mode, given the n-gram drafter's proposal (None with --no-ngram),
+        unless that proposal promises more tokens per second than the model's rounds have been
+        making (policy.ModelOrNgram): then it is verified alone and the draft rests."""
+        proposal = None
+        if run.cfg.ngram:
+            limit = min(MAX_AUTO_DRAFT, room, run.cfg.max_tokens - len(run.generated) - 1)
+            proposal = run.ngram.propose(run.tokens, max(limit, 0))
+            if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
+                run.ngram.watch(proposal, len(run.tokens))
+            length, ngram_rate = self._ngram_length(run, proposal)
+            if length and run.drafters.choose(ngram_rate) == "ngram":
+                run.stats.record_choice("ngram")
+                return self._verify_ngram(run, replace(proposal, tokens=proposal.tokens[:length]))
+        run.stats.record_choice(run.cfg.mode or "model")
+        t0 = time.perf_counter()
+        decided = model_round(proposal)
+        run.drafters.record_model_round(len(decided), time.perf_counter() - t0)
+        return decided
+
+    def _ngram_length(self, run: _Run, proposal: Proposal) -> tuple[int, float | None]:
+        """How much of the n-gram proposal to verify for the best expected rate, and that rate;
+        (0, None) when none of it beats a plain step (or a step's cost is not measured yet)."""
+        if not proposal.tokens or run.costs.step_s.value is None:
+            return 0, None
+        length, rate = best_proposal_length(
+            lambda n: run.ngram.expected_accepted(proposal.ngram, n, proposal.streak),
+            len(proposal.tokens),
+            run.costs,
+        )
+        return length, (rate if length else None)
+
+    def _verify_ngram(self, run: _Run, proposal: Proposal) -> list[int]:
+        decided = self._verify_chain(run, proposal.tokens, from_draft=False)
+        if not run.sampling.greedy:  # greedy proposals are judged by watch() as tokens come
+            accepted = len(decided) - 1
+            run.ngram.record(proposal.ngram, len(proposal.tokens), accepted, proposal.streak)
+        return decided
 
     def _draft_chain(
         self, run: _Run, k: int, keep_going: Callable[[list[float]], bool] | None = None
@@ -518,9 +592,7 @@ class Engine:
         native_before = self.target_ctx.decode_s
         logits = self.target_ctx.decode([run.tokens[-1], *proposed], root_pos, logits="all")
         stats.target_passes += 1
-        if run.policy is not None:
-            pass_s = self.target_ctx.decode_s - native_before
-            run.policy.costs.record_pass(len(proposed) + 1, pass_s)
+        self._record_pass(run, len(proposed) + 1, self.target_ctx.decode_s - native_before)
         if params.greedy:
             best = logits.argmax(axis=1)
             n_ok = 0
@@ -563,7 +635,7 @@ class Engine:
 
     def _round_auto(self, run: _Run, room: int) -> list[int]:
         """Whatever promises the most tokens per second on this device right now (policy.py)."""
-        policy, costs = run.policy, run.policy.costs
+        policy, costs = run.policy, run.costs
         limit = min(MAX_AUTO_DRAFT, room, run.cfg.max_tokens - len(run.generated) - 1)
         t0 = time.perf_counter()
         if costs.step_s.value is None:  # the first round measures a plain step
@@ -593,10 +665,7 @@ class Engine:
         if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
             run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
         if choice == "ngram":
-            decided = self._verify_chain(run, proposal.tokens, from_draft=False)
-            if not run.sampling.greedy:
-                accepted = len(decided) - 1
-                run.ngram.record(proposal.ngram, len(proposal.tokens), accepted, proposal.streak)
+            decided = self._verify_ngram(run, proposal)
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":
@@ -614,7 +683,7 @@ class Engine:
         """Seconds the draft would spend evaluating the tokens decided without it (auto's plain
         and n-gram rounds) before it could draft: one prefill batch, priced per token like the
         largest pass of its curve. 0 while a draft step's cost is unknown."""
-        draft_s = run.policy.costs.draft_s.value if run.policy else None
+        draft_s = run.costs.draft_s.value if run.policy else None
         behind = len(run.tokens) - 1 - run.draft_cached
         if draft_s is None or behind <= 0:
             return 0.0
@@ -627,7 +696,7 @@ class Engine:
     def _auto_chain(self, run: _Run, limit: int) -> list[int]:
         """A model chain whose length is decided token by token: draft on while one more token
         raises the expected rate, judged from the calibrated confidences and measured costs."""
-        calibrator, costs = run.calibrator, run.policy.costs
+        calibrator, costs = run.calibrator, run.costs
         accept_probs: list[float] = []
 
         def keep_going(confidences: list[float]) -> bool:
@@ -650,14 +719,6 @@ class Engine:
         for i, confidence in enumerate(confidences[: min(n_ok + 1, len(proposed))]):
             calibrator.record(confidence, i < n_ok)
         return decided
-
-    def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
-        """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch."""
-        ngram = None
-        if run.cfg.ngram_branch and run.sampling.greedy:
-            ngram = run.ngram.propose(run.tokens, min(run.cfg.max_nodes // 2, room))
-            run.ngram.watch(ngram, len(run.tokens))
-        return self._round_tree(run, room, ngram)
 
     def _round_tree(self, run: _Run, room: int, ngram: Proposal | None = None) -> list[int]:
         """LLMCad: grow a confidence-scored token tree with the draft until its accumulated
@@ -730,6 +791,7 @@ class Engine:
         batch_tokens, depths, seq_ids = verification_batch(tree)
         for seq in range(1, len(tree.branches)):  # every branch sees the committed prefix
             self.target_ctx.seq_cp(0, seq)
+        native_before = self.target_ctx.decode_s
         logits = self.target_ctx.decode(
             batch_tokens,
             root_pos,
@@ -737,6 +799,7 @@ class Engine:
             seq_ids=seq_ids,
             logits="all",
         )
+        self._record_pass(run, len(batch_tokens), self.target_ctx.decode_s - native_before)
         if params.greedy:
             target_argmax = logits.argmax(axis=1)
             accepted = greedy_accept(tree, target_argmax)

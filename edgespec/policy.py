@@ -100,6 +100,11 @@ class Costs:
         if k > 1 and self.step_s.value is not None:
             self.batch_factor.update(seconds / (self.step_s.value * self.relative(k)))
 
+    def record_pass_as_step(self, k: int, seconds: float) -> None:
+        """A pass of k tokens, where no plain step is ever timed (chain and tree modes): scaled
+        down by the curve, it stands for one."""
+        self.step_s.update(seconds / self.relative(k))
+
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:
     """Tokens a verification yields: the target's own one plus each draft token accepted, which
@@ -164,6 +169,37 @@ def best_proposal_length(
         if rate > best_rate:
             best_len, best_rate = length, rate
     return best_len, best_rate
+
+
+@dataclass
+class ModelOrNgram:
+    """Chain and tree modes: each round the draft model drafts, unless the n-gram drafter's
+    proposal (free to make) promises more tokens per second than the model's rounds have been
+    making. On copied text a model costs a third of a target step per token to propose what the
+    lookup proposes for nothing; elsewhere the n-gram rarely promises anything."""
+
+    # Tokens and seconds of the model's rounds, averaged apart: their ratio is the rate of the
+    # recent rounds, where an average of each round's rate would overweigh short, lucky rounds.
+    tokens: Ema = field(default_factory=lambda: Ema(weight=0.3))
+    seconds: Ema = field(default_factory=lambda: Ema(weight=0.3))
+
+    @property
+    def model_rate(self) -> float | None:
+        if self.seconds.value is None:
+            return None
+        return self.tokens.value / self.seconds.value
+
+    def choose(self, ngram_rate: float | None) -> str:
+        """ "ngram" or "model"; `ngram_rate` is the n-gram proposal's expected rate at its best
+        length of one token or more, if there is one. The model goes first, to be measured."""
+        model_rate = self.model_rate
+        if ngram_rate is None or model_rate is None:
+            return "model"
+        return "ngram" if ngram_rate > model_rate * MARGIN else "model"
+
+    def record_model_round(self, tokens: int, seconds: float) -> None:
+        self.tokens.update(tokens)
+        self.seconds.update(seconds)
 
 
 @dataclass

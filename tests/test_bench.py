@@ -118,17 +118,18 @@ def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
         assert short.overhead_ms is not None and short.overhead_ms > 0
 
 
-def test_a_tree_mode_may_name_its_scheduler_and_turn_calibration_or_the_ngram_branch_off():
+def test_a_tree_may_name_its_scheduler_and_a_model_mode_may_turn_the_ngram_drafter_off():
     assert engine_options("tree:9:pacer") == {"mode": "tree", "max_nodes": 9, "scheduler": "pacer"}
     assert engine_options("tree:9") == {"mode": "tree", "max_nodes": 9}
     assert engine_options("tree:9:llmcad")["alpha0"] == 0.01
     assert engine_options("tree:9:fixed")["adaptive_alpha"] is False
+    assert engine_options("chain:4:nogram") == {"mode": "chain", "draft_max": 4, "ngram": False}
     assert engine_options("tree:5:greedy:raw:nogram") == {
         "mode": "tree",
         "max_nodes": 5,
         "scheduler": "greedy",
         "calibrated": False,
-        "ngram_branch": False,
+        "ngram": False,
     }
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edgespec.backend import Context
+from edgespec.policy import ModelOrNgram
 from edgespec.tree import TokenTree, verification_batch
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -84,16 +85,21 @@ def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine)
         assert np.abs(rows[node] - alone).max() < 0.5, f"node {node}"
 
 
-@pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])
-def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(
-    q2_draft_engine, prompt
+@pytest.mark.parametrize(
+    ("prompt", "ngram_rounds"), [(PROMPTS[0], True), (COPY_PROMPT, True), (COPY_PROMPT, False)]
+)
+def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_tokens(
+    q2_draft_engine, prompt, ngram_rounds, monkeypatch
 ):
+    """Tree rounds, and rounds that verify the n-gram proposal alone (with ngram_rounds)."""
+    if not ngram_rounds:
+        monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
     engine = q2_draft_engine
-    original = engine._round_tree
+    original = engine._round_tree_mode
     checked = []
 
-    def round_and_check(run, room, *graft):
-        decided = original(run, room, *graft)
+    def round_and_check(run, room):
+        decided = original(run, room)
         for ctx, cached in (
             (engine.target_ctx, run.target_cached),
             (engine.draft_ctx, run.draft_cached),
@@ -106,7 +112,7 @@ def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(
         checked.append(len(decided))
         return decided
 
-    engine._round_tree = round_and_check
+    engine._round_tree_mode = round_and_check
     try:
         # alpha0 0.01: long n-gram grafts, so that grafted paths are committed too
         result = engine.generate(
@@ -114,18 +120,48 @@ def test_after_every_tree_round_each_cache_holds_exactly_the_committed_tokens(
             alpha0=0.01,
         )  # fmt: skip
     finally:
-        del engine._round_tree
-    assert len(checked) > 5
-    if prompt == COPY_PROMPT:  # n-gram branches were verified, some alone carried the text
+        del engine._round_tree_mode
+    assert len(checked) > 5 and result.stats.choices.get("tree", 0) > 0
+    if prompt == COPY_PROMPT and ngram_rounds:  # some rounds verified the copy alone
+        assert result.stats.choices.get("ngram", 0) > 0
+    if prompt == COPY_PROMPT and not ngram_rounds:  # n-gram branches alone carried some text
         assert result.stats.tree.grafted_accepted > 0
 
 
-def test_the_ngram_branch_carries_copied_text_without_changing_it(plain_engine, q2_draft_engine):
-    """The copy is free to propose and may reach past the draft's --max-depth."""
+@pytest.mark.parametrize(
+    ("mode", "short"), [("chain", {"draft_max": 2}), ("tree", {"max_depth": 2})]
+)
+def test_on_copied_text_a_model_mode_verifies_the_ngram_proposal_alone_and_drafts_less(
+    plain_engine, q2_draft_engine, mode, short
+):
+    """Where the copy promises more than the draft's rounds make (short ones here, as where a
+    draft costs much), the draft rests; the text is the target's either way, and --no-ngram
+    leaves the model alone."""
+    runs = {
+        ngram: check_greedy(
+            plain_engine, q2_draft_engine, COPY_PROMPT, mode, n=60, ngram=ngram, **short
+        )
+        for ngram in (True, False)
+    }
+    assert runs[True].stats.choices.get("ngram", 0) > 0
+    assert runs[True].stats.choices.get(mode, 0) > 0  # the model drafted first, to be measured
+    assert "ngram" not in runs[False].stats.choices
+    evals_per_token = {g: r.stats.draft_evals / r.stats.n_generated for g, r in runs.items()}
+    assert evals_per_token[True] < evals_per_token[False]
+
+
+def test_the_ngram_branch_carries_copied_text_without_changing_it(
+    plain_engine, q2_draft_engine, monkeypatch
+):
+    """The copy is free to propose and may reach past the draft's --max-depth. (Every round is
+    a tree here: verifying the copy alone, which it would often be, is tested above. Alpha 0.1:
+    in 60 tokens the n-gram statistics barely leave their priors, whose grafts at alpha 0.3 stop
+    after a token or two.)"""
+    monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
     plain = plain_engine.generate(COPY_PROMPT, max_tokens=60, mode="target")
     runs = {
         graft: q2_draft_engine.generate(
-            COPY_PROMPT, max_tokens=60, mode="tree", max_depth=3, ngram_branch=graft
+            COPY_PROMPT, max_tokens=60, mode="tree", max_depth=3, ngram=graft, alpha0=0.1
         )
         for graft in (True, False)
     }
@@ -148,7 +184,7 @@ def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_th
     runs = {
         calibrated: check_greedy(
             plain_engine, self_draft_engine, prompt, "tree", n=64, branch_p=0.1,
-            calibrated=calibrated, ngram_branch=False, alpha0=0.01, adaptive_alpha=False,
+            calibrated=calibrated, ngram=False, alpha0=0.01, adaptive_alpha=False,
         ).stats
         for calibrated in (True, False)
     }  # fmt: skip

@@ -14,6 +14,7 @@ from edgespec.policy import (
     Calibrator,
     Costs,
     Ema,
+    ModelOrNgram,
     best_proposal_length,
     chain_rate,
     expected_tokens,
@@ -115,6 +116,38 @@ def test_auto_takes_an_ngram_proposal_only_when_it_promises_more_than_a_plain_st
     assert policy.choose(ngram_rate=plain * 1.5) == "ngram"
     assert policy.choose(ngram_rate=plain * 1.01) == "plain"
     assert policy.choose(ngram_rate=None) == "plain"
+
+
+def test_a_model_mode_drafts_with_the_model_until_its_rounds_are_measured():
+    drafters = ModelOrNgram()
+    assert drafters.model_rate is None
+    assert drafters.choose(ngram_rate=1000.0) == "model"
+    drafters.record_model_round(tokens=3, seconds=0.1)
+    assert drafters.model_rate == pytest.approx(30.0)
+
+
+def test_a_model_mode_verifies_the_ngram_proposal_alone_only_where_it_promises_more():
+    drafters = ModelOrNgram()
+    drafters.record_model_round(tokens=3, seconds=0.1)  # 30 tokens/s
+    assert drafters.choose(ngram_rate=45.0) == "ngram"
+    assert drafters.choose(ngram_rate=30.5) == "model"  # within noise: the model
+    assert drafters.choose(ngram_rate=None) == "model"
+
+
+def test_the_model_rate_is_recent_tokens_over_recent_seconds_not_a_mean_of_round_rates():
+    drafters = ModelOrNgram()
+    for _ in range(30):  # a one-token round in 10 ms, then an eight-token round in 400 ms
+        drafters.record_model_round(tokens=1, seconds=0.01)
+        drafters.record_model_round(tokens=8, seconds=0.4)
+    # 9 tokens per 0.41 s: the mean of the two rates (60 tokens/s) would flatter the model
+    assert 15 < drafters.model_rate < 30
+
+
+def test_a_pass_stands_for_a_step_where_no_plain_step_is_timed():
+    c = Costs(relative)
+    c.record_pass_as_step(4, 0.03 * relative(4))
+    assert c.verify_s(1) == pytest.approx(0.03)
+    assert c.verify_s(4) == pytest.approx(0.03 * relative(4))
 
 
 def test_auto_tries_each_model_arm_then_keeps_the_one_that_pays():
