@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -212,6 +213,7 @@ class Measurement:
     verifications: int = 0  # target passes that verified at least one proposed token
     draft_evals: int = 0  # draft model evaluations
     overhead_ms: float | None = None  # our own time per target pass (None: not ours to measure)
+    rounds: dict[str, int] = field(default_factory=dict)  # by what drafted them (Stats.choices)
 
     @property
     def tokens_per_s(self) -> float:
@@ -252,6 +254,7 @@ def engine_runner(engine: Engine, mode: str) -> Runner:
             verifications=stats.verifications,
             draft_evals=stats.draft_evals,
             overhead_ms=stats.overhead_ms_per_pass,
+            rounds=dict(stats.choices),
         )
 
     return measure
@@ -405,6 +408,7 @@ class BenchRow:
     draft_evals_per_pass: float | None
     overhead_ms: float | None  # our own (Python) time per target pass, median
     same_as_target: bool  # every repeat generated exactly the baseline's tokens
+    rounds: dict[str, int]  # over all repeats, by what drafted them: "ngram", "chain", "plain"...
     tokens: list[int]  # of the first repeat
     text: str
     divergence: Divergence | None = None  # of the first repeat that differs from the baseline
@@ -517,6 +521,7 @@ def _row(
         draft_evals_per_pass=_median_or_none(m.draft_evals_per_pass for m in runs),
         overhead_ms=_median_or_none(m.overhead_ms for m in runs),
         same_as_target=not differing,
+        rounds=dict(sum((Counter(m.rounds) for m in runs), Counter())),
         tokens=runs[0].tokens,
         text=engine.target.detokenize(runs[0].tokens),
         divergence=(

@@ -72,7 +72,7 @@ class Stats:
     finish_reason: str = ""
     peak_rss_mb: float = 0.0
     tree: TreeStats | None = None
-    choices: dict[str, int] = field(default_factory=dict)  # mode "auto": rounds per choice
+    choices: dict[str, int] = field(default_factory=dict)  # rounds by what drafted them
     placement: str = ""  # where the target and the draft were to run
     # Read back from the kernel when generation ended: how many of the process's threads may
     # run on each CPU set ({"0-3": 5, "4-7": 2}), i.e. where llama.cpp's workers really are.
@@ -147,4 +147,6 @@ class Stats:
             )
         if self.tree and self.tree.trees:
             line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"
+        if self.choices:
+            line += ", rounds " + " ".join(f"{what} {n}" for what, n in self.choices.items())
         return line

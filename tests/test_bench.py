@@ -110,6 +110,20 @@ def test_speculative_modes_report_acceptance(report):
         assert row.passes_per_token is not None and row.passes_per_token <= 1
 
 
+def test_each_row_counts_its_rounds_by_what_drafted_them(report):
+    for prompt in ("add", "sky"):
+        plain, auto = report.row(BASELINE, prompt), report.row("auto", prompt)
+        assert plain.rounds == {}  # plain decoding makes no choices
+        assert sum(auto.rounds.values()) > 0 and set(auto.rounds) <= {
+            "plain",
+            "ngram",
+            "chain",
+            "tree",
+        }
+        chain = report.row("chain", prompt)
+        assert chain.rounds.get("chain", 0) > 0 and set(chain.rounds) <= {"chain", "ngram"}
+
+
 def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
     for prompt in ("add", "sky"):
         short, default = report.row("chain:2", prompt), report.row("chain", prompt)

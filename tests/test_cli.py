@@ -37,6 +37,22 @@ def test_run_streams_text_to_stdout_and_a_summary_to_stderr(capsys, smol_path):
     assert "tok/s" in err and "mode auto" in err
 
 
+def test_no_ngram_leaves_a_chain_to_the_model_and_the_summary_counts_rounds(capsys, smol_path):
+    from .test_modes import COPY_PROMPT
+
+    models = ("-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain")
+    choices = {}
+    for flag in ("--ngram", "--no-ngram"):
+        code, out, _ = cli(capsys, "run", *models, flag, "--draft-max", "2", "-n", "60", "--json",
+                           COPY_PROMPT)  # fmt: skip
+        assert code == 0
+        choices[flag] = json.loads(out)["stats"]["choices"]
+    assert choices["--ngram"].get("ngram", 0) > 0
+    assert set(choices["--no-ngram"]) == {"chain"}
+    code, _, err = cli(capsys, "run", *models, "--no-ngram", "-n", "8", "Hi")
+    assert code == 0 and "rounds chain " in err
+
+
 def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, smol_path):
     code, out, _ = cli(
         capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "-n", "10", "--json", "Hi"
