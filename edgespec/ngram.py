@@ -7,12 +7,17 @@ continuation and the history's own suffix never matches itself.
 
 Acceptance is learned online per match length and per position in the proposal, so the engine can
 price a proposal (`expected_accepted`) against the measured cost of verifying it.
+
+Edits rename things: where a copy broke because the target wrote other tokens in place of one
+source token and then went on copying, the replacement is remembered, and later proposals copy
+through that token with the replacement in its place (a rename applied everywhere). A replacement
+that is proposed and rejected is forgotten.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Prior pseudo-counts: strong enough that one lucky round does not swing the estimate.
 PRIOR_STRENGTH = 4.0
@@ -22,6 +27,8 @@ MEMORY = 200.0
 # Positions past this share the last position's statistics: long proposals are rare.
 TRACKED_POSITIONS = 16
 MAX_WATCHED = 16  # proposals waiting for the tokens that judge them
+MAX_REPLACEMENT = 8  # longest replacement of one source token that is learnt
+RESUME = 2  # source tokens that must follow a replacement for it to count as one
 
 
 @dataclass
@@ -32,6 +39,10 @@ class Proposal:
     # Whether the last proposal judged before this one was right in full: inside a copied span,
     # proposals keep being right, so the two cases are estimated apart.
     streak: bool = False
+    # For each token: the history position of the source token it copies or stands in for, and
+    # whether it is (part of) a learnt replacement rather than a copy.
+    origins: list[int] = field(default_factory=list)
+    replaced: list[bool] = field(default_factory=list)
 
 
 def prior_first(ngram: int) -> float:
@@ -55,6 +66,9 @@ class NgramDrafter:
         self._last_token: int | None = None  # tokens[_indexed - 1], to notice a rewritten history
         self._watched: list[_Watched] = []  # see watch()
         self._streak = False  # the last judged proposal was right in full
+        # Source token -> the tokens the target wrote in its place (see the module's doc).
+        self.replacements: dict[int, tuple[int, ...]] = {}
+        self._breaks: list[_Break] = []  # copies that broke, waiting to show what replaced what
         # Beta(accepted, rejected) counts per (match length, streak, position in proposal).
         self._stats = {
             (n, streak): [
@@ -66,11 +80,14 @@ class NgramDrafter:
         }
 
     def reset(self) -> None:
-        """Forget the index (the history was cleared or rewritten); keep the learned statistics."""
+        """Forget the index and the replacements, which belong to that history (it was cleared or
+        rewritten); keep the learned statistics."""
         self.index.clear()
         self._indexed = 0
         self._last_token = None
         self._watched.clear()
+        self._breaks.clear()
+        self.replacements.clear()
 
     def watch(self, proposal: Proposal, start: int) -> None:
         """Learn from a whole proposal by comparing it with the tokens decided at positions
@@ -91,12 +108,47 @@ class NgramDrafter:
             while not w.missed and w.judged < decided:
                 w.missed = int(tokens[w.start + w.judged]) != proposal.tokens[w.judged]
                 _count(stats[min(w.judged, TRACKED_POSITIONS - 1)], accepted=not w.missed)
+                if w.missed:
+                    self._copy_broke(tokens, proposal, w.judged, w.start + w.judged)
                 w.judged += 1
             if w.missed or w.judged == len(proposal.tokens):
                 self._streak = not w.missed
             else:
                 pending.append(w)
         self._watched = pending
+        self._learn_replacements(tokens)
+
+    def _copy_broke(
+        self, tokens: Sequence[int], proposal: Proposal, index: int, position: int
+    ) -> None:
+        """Proposal token `index` was wrong; the target's tokens from `position` on are coming."""
+        if index >= len(proposal.origins):
+            return
+        source = proposal.origins[index]
+        if proposal.replaced[index]:  # a learnt replacement that does not hold here
+            self.replacements.pop(int(tokens[source]), None)
+            return
+        after = [int(t) for t in tokens[source + 1 : source + 1 + RESUME]]
+        if len(after) == RESUME:
+            self._breaks.append(_Break(int(tokens[source]), after, position))
+
+    def _learn_replacements(self, tokens: Sequence[int]) -> None:
+        """A broken copy whose source resumes within MAX_REPLACEMENT tokens: what the target
+        wrote before it is the source token's replacement. (Also where that ends with the source
+        token itself, an insertion before it: excluding those cost 0.04x on the rename replay and
+        changed no other prompt; a rule that fails once is forgotten.)"""
+        waiting = []
+        for b in self._breaks:
+            for m in range(1, MAX_REPLACEMENT + 1):
+                end = b.position + m + RESUME
+                if end > len(tokens):
+                    waiting.append(b)
+                    break
+                if [int(t) for t in tokens[b.position + m : end]] == b.after:
+                    written = tuple(int(t) for t in tokens[b.position : b.position + m])
+                    self.replacements[b.source] = written
+                    break
+        self._breaks = waiting[-MAX_WATCHED:]
 
     def update(self, tokens: Sequence[int]) -> None:
         """Index the positions appended since the last call.
@@ -126,10 +178,31 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, n_tokens), self.min_ngram - 1, -1):
             start = self.index.get(tuple(map(int, tokens[n_tokens - n :])))
             if start is not None:
-                continuation = [int(t) for t in tokens[start : min(start + max_len, n_tokens)]]
                 streak = self._streak
-                return Proposal(continuation, n, self.confidence(n, streak), streak)
+                proposal = Proposal([], n, self.confidence(n, streak), streak)
+                self._copy(tokens, start, max_len, proposal)
+                return proposal
         return Proposal([], 0, 0.0)
+
+    def _copy(self, tokens: Sequence[int], start: int, max_len: int, proposal: Proposal) -> None:
+        """Fill `proposal` with up to max_len tokens copied from position `start` on, each learnt
+        replacement in place of its source token."""
+        out, origins, replaced = proposal.tokens, proposal.origins, proposal.replaced
+        replacements = self.replacements
+        for position in range(start, len(tokens)):
+            token = int(tokens[position])
+            written = replacements.get(token) if replacements else None
+            if written is None:
+                out.append(token)
+                origins.append(position)
+                replaced.append(False)
+            else:
+                out.extend(written)
+                origins.extend([position] * len(written))
+                replaced.extend([True] * len(written))
+            if len(out) >= max_len:
+                break
+        del out[max_len:], origins[max_len:], replaced[max_len:]
 
     def _position_stats(self, ngram: int, streak: bool) -> list[list[float]]:
         return self._stats[min(max(ngram, self.min_ngram), self.max_ngram), streak]
@@ -160,6 +233,13 @@ class NgramDrafter:
         # Positions after the first rejection were never judged on their own: no evidence there.
         for position in range(min(accepted + 1, proposed)):
             _count(stats[min(position, TRACKED_POSITIONS - 1)], accepted=position < accepted)
+
+
+@dataclass
+class _Break:
+    source: int  # the source token the proposal had where the target wrote something else
+    after: list[int]  # the RESUME source tokens after it
+    position: int  # where the target's own tokens begin
 
 
 @dataclass

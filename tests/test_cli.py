@@ -37,9 +37,13 @@ def test_run_streams_text_to_stdout_and_a_summary_to_stderr(capsys, smol_path):
     assert "tok/s" in err and "mode auto" in err
 
 
-def test_no_ngram_leaves_a_chain_to_the_model_and_the_summary_counts_rounds(capsys, smol_path):
+def test_no_ngram_leaves_a_chain_to_the_model_and_the_summary_counts_rounds(
+    capsys, smol_path, monkeypatch
+):
     from .test_modes import COPY_PROMPT
 
+    # No stored profile: the default curve prices the n-gram rounds (see default_curve there).
+    monkeypatch.setattr("edgespec.engine.load_profile", lambda *args: None)
     models = ("-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain")
     choices = {}
     for flag in ("--ngram", "--no-ngram"):

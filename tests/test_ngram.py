@@ -180,3 +180,44 @@ def test_proposals_inside_a_copied_span_learn_apart_from_the_others():
     assert drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
     drafter.record(ngram=3, proposed=4, accepted=1)
     assert not drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
+
+
+# A module in which token 50 (say `proc`) is to be renamed to 60 61 (`parse_line`).
+SOURCE = [1, 50, 2, 3, 4, 50, 5, 6, 7, 8]
+
+
+def renaming_drafter() -> tuple[NgramDrafter, list[int]]:
+    """A drafter that watched its copy of SOURCE break where the target wrote 60 61 for 50."""
+    drafter = NgramDrafter()
+    history = [*SOURCE, 0, 1]
+    proposal = drafter.propose(history, max_len=4)
+    assert proposal.tokens == [50, 2, 3, 4]
+    drafter.watch(proposal, start=len(history))
+    return drafter, [*history, 60, 61, 2, 3]
+
+
+def test_a_token_the_target_replaced_before_copying_on_is_replaced_in_later_copies():
+    drafter, history = renaming_drafter()
+    proposal = drafter.propose(history, max_len=4)  # the copy goes on after "2 3"
+    assert drafter.replacements == {50: (60, 61)}
+    assert proposal.tokens == [4, 60, 61, 5]
+    assert proposal.replaced == [False, True, True, False]
+
+
+def test_a_replacement_the_target_rejects_is_forgotten():
+    drafter, history = renaming_drafter()
+    proposal = drafter.propose(history, max_len=4)
+    drafter.watch(proposal, start=len(history))
+    history += [4, 50]  # here the target kept the old token
+    assert drafter.propose(history, max_len=2).tokens == [5, 6]
+    assert drafter.replacements == {}
+    assert drafter.propose([*history, 5, 6, 99, 4], max_len=2).tokens == [50, 5]
+
+
+def test_a_break_after_which_the_source_does_not_resume_teaches_no_replacement():
+    drafter = NgramDrafter()
+    history = [*SOURCE, 0, 1]
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    history += [70, 71, 72, 73, 74, 75, 76, 77, 78, 2, 3]  # 9 new tokens, then the copy again
+    drafter.propose(history, max_len=4)
+    assert drafter.replacements == {}
