@@ -101,7 +101,8 @@ def load_engine(settings: Settings, verbose: bool):
         draft_cpus=settings.draft_cpus,
         verbose=verbose,
     )
-    if settings.mode in (None, "auto"):  # auto plans with this device's costs
+    # auto plans with this device's costs; chain and tree price their n-gram rounds with them
+    if settings.mode in (None, "auto", "chain", "tree"):
         engine.profile_if_missing(say=lambda m: err.print(m, style="dim"))
     return engine
 

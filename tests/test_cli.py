@@ -57,6 +57,17 @@ def test_no_ngram_leaves_a_chain_to_the_model_and_the_summary_counts_rounds(
     assert code == 0 and "rounds chain " in err
 
 
+def test_a_chain_measures_this_devices_costs_on_first_use_to_price_its_ngram_rounds(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    run = ("run", "-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain", "-n", "4")
+    code, _, err = cli(capsys, *run, "Hi")
+    assert code == 0 and "measuring how fast this device runs" in err
+    code, _, err = cli(capsys, *run, "Hi")
+    assert code == 0 and "measuring" not in err
+
+
 def test_run_json_prints_exactly_one_object_with_text_tokens_and_stats(capsys, smol_path):
     code, out, _ = cli(
         capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "-n", "10", "--json", "Hi"
