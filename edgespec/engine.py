@@ -508,7 +508,7 @@ class Engine:
             if length and run.drafters.choose(ngram_rate) == "ngram":
                 run.stats.record_choice("ngram")
                 return self._verify_ngram(run, replace(proposal, tokens=proposal.tokens[:length]))
-        run.stats.record_choice(run.cfg.mode or "model")
+        run.stats.record_choice(run.stats.mode)  # "chain" or "tree"
         t0 = time.perf_counter()
         decided = model_round(proposal)
         run.drafters.record_model_round(len(decided), time.perf_counter() - t0)
