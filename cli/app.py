@@ -253,6 +253,7 @@ def inspect(
 
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K")
+OUTPUT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16")
 
 
 @app.command()
@@ -261,6 +262,14 @@ def quantize(
     dest: Annotated[Path, typer.Argument(help="Output GGUF")],
     type_: Annotated[str, typer.Option("--type", help=f"One of {', '.join(QUANT_TYPES)}")] = "Q4_0",
     threads: Annotated[int, typer.Option("--threads", "-t")] = 0,
+    output_type: Annotated[
+        str | None,
+        typer.Option(
+            "--output-type",
+            help="Type of the output (logits) matrix, which llama.cpp otherwise keeps at Q6_K or "
+            "Q8_0: Q4_0 makes a draft with a large vocabulary a fifth cheaper",
+        ),
+    ] = None,
 ) -> None:
     """Write a requantized copy of a GGUF (e.g. a cheaper Q4_0 draft)."""
     import llama_cpp
@@ -270,6 +279,13 @@ def quantize(
 
     if type_.upper() not in QUANT_TYPES:
         raise BadSettingError(f"--type must be one of {', '.join(QUANT_TYPES)} (got {type_!r})")
+    output_ggml_type = None
+    if output_type is not None:
+        output_ggml_type = getattr(llama_cpp, f"GGML_TYPE_{output_type.upper()}", None)
+        if output_type.upper() not in OUTPUT_TYPES or output_ggml_type is None:
+            raise BadSettingError(
+                f"--output-type must be one of {', '.join(OUTPUT_TYPES)} (got {output_type!r})"
+            )
     info = read_gguf(source)
     if info.file_type not in ("ALL_F32", "F16", "BF16"):
         err.print(
@@ -279,7 +295,7 @@ def quantize(
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_.upper()}")
     tmp = dest.with_name(f".{dest.name}.tmp")
     try:
-        quantize_file(source, tmp, ftype, threads)
+        quantize_file(source, tmp, ftype, threads, output_type=output_ggml_type)
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)

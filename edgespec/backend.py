@@ -308,13 +308,19 @@ class Context:
         self.close()
 
 
-def quantize(src: str | Path, dst: str | Path, ftype: int, n_threads: int = 0) -> None:
-    """Write a requantized copy of a GGUF (e.g. a cheaper draft) with llama.cpp's quantizer."""
+def quantize(
+    src: str | Path, dst: str | Path, ftype: int, n_threads: int = 0, output_type: int | None = None
+) -> None:
+    """Write a requantized copy of a GGUF (e.g. a cheaper draft) with llama.cpp's quantizer.
+    `output_type` (a GGML_TYPE_*) sets the type of the output (logits) matrix, which llama.cpp
+    otherwise keeps at Q6_K or Q8_0 whatever `ftype` says."""
     _init_backend()
     params = ll.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = n_threads
     params.allow_requantize = True
+    if output_type is not None:
+        params.output_tensor_type = output_type
     status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if status != 0:
         raise ModelFileError(f"llama.cpp could not quantize {src} (status {status})")

@@ -122,6 +122,38 @@ def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, sm
     assert code == 0 and json.loads(out)["pairable"] is False
 
 
+def tensor_types(path: Path) -> dict[str, str]:
+    from gguf import GGUFReader
+
+    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+
+
+def test_quantize_writes_a_requantized_copy_and_can_cheapen_its_output_matrix(
+    capsys, smol_path, tmp_path
+):
+    # SmolLM2 ties its output matrix to the token embeddings, which llama.cpp keeps at Q8_0
+    default, cheap = tmp_path / "q4_0.gguf", tmp_path / "q4_0-all.gguf"
+    code, out, err = cli(capsys, "quantize", str(smol_path), str(default), "--type", "Q4_0")
+    assert code == 0 and out.strip() == str(default) and "already Q4_1" in err
+    code, _, _ = cli(capsys, "quantize", str(smol_path), str(cheap), "--output-type", "q4_0")
+    assert code == 0
+    assert tensor_types(default)["blk.0.ffn_down.weight"] == "Q4_0"
+    assert tensor_types(default)["token_embd.weight"] == "Q8_0"
+    assert tensor_types(cheap)["token_embd.weight"] == "Q4_0"
+    assert cheap.stat().st_size < default.stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [(["--type", "Q9"], "--type"), (["--output-type", "Q4_K_M"], "--output-type")],
+)
+def test_bad_quantize_types_are_one_clear_line(capsys, smol_path, tmp_path, flags, needle):
+    dest = tmp_path / "out.gguf"
+    code, _, err = cli(capsys, "quantize", str(smol_path), str(dest), *flags)
+    one_line_error(code, err, needle)
+    assert not dest.exists()
+
+
 def one_line_error(code: int, err: str, *needles: str) -> None:
     assert code != 0
     lines = err.strip().splitlines()

@@ -1,11 +1,15 @@
-"""The default draft's cheaper Q4_0 form: made once, timed against the original, remembered."""
+"""The default draft's cheaper Q4_0 form (its output matrix too): made once, timed against the
+original, remembered; a copy an older edgespec made is replaced."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
 from edgespec.gguf_info import read_gguf
+
+from .test_cli import tensor_types
 
 
 def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
@@ -17,6 +21,7 @@ def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
 
     copy = copy_path(draft)
     assert read_gguf(copy).file_type == "Q4_0"
+    assert tensor_types(copy)["token_embd.weight"] == "Q4_0"  # SmolLM2's output matrix (tied)
     assert any("making a Q4_0 copy" in line for line in said)
     assert set(choice.step_ms) == {draft.name, copy.name}
     copy_is_faster = choice.step_ms[copy.name] <= FASTER_BY * choice.step_ms[draft.name]
@@ -36,3 +41,18 @@ def test_a_record_for_other_threads_or_a_broken_record_is_not_trusted(tmp_path, 
     assert load_choice(draft, n_threads=2) is None
     choice_path(draft).write_text("{not json")
     assert load_choice(draft, n_threads=1) is None
+
+
+def test_a_copy_from_an_older_edgespec_is_replaced_by_the_current_one(tmp_path, smol_path):
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    old_copy = draft.with_name(f"{draft.stem}.requant-q4_0.gguf")
+    shutil.copy(smol_path, old_copy)
+    old = {"original": draft.name, "copy": old_copy.name, "chosen": old_copy.name}
+    choice_path(draft).write_text(json.dumps({**old, "step_ms": {}, "n_threads": 1}))
+    assert load_choice(draft, n_threads=1) is None
+
+    choice = fastest_draft(draft, n_threads=1)
+
+    assert choice.copy == copy_path(draft).name and copy_path(draft).exists()
+    assert not old_copy.exists()
