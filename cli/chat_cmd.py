@@ -223,7 +223,7 @@ class Repl:
         print(f"draft: {engine.draft.path.name if engine.draft else 'none'}")
         for name in SETTABLE:
             value = getattr(settings, name)
-            print(f"{name}: {'auto' if name == 'mode' and value is None else value}")
+            print(f"{name}: {'auto' if name in ('mode', 'draft_max') and value is None else value}")
         print(f"system: {self.conversation.system or '(none)'}")
         print(f"context: {self.conversation.context_used()}/{engine.n_ctx} tokens")
 

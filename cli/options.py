@@ -74,7 +74,10 @@ CtxSize = Annotated[
 ]
 DraftMax = Annotated[
     int | None,
-    typer.Option(help=f"Tokens drafted per verification at most [default: {Settings.draft_max}]"),
+    typer.Option(
+        help="Tokens a chain drafts, or an ngram round proposes, per verification [default: "
+        "chain: the length that suits this device's costs and the acceptance so far; ngram: 4]"
+    ),
 ]
 System = Annotated[str | None, typer.Option(help="System message (chat template)")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")]

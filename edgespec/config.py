@@ -54,7 +54,7 @@ class Settings:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    draft_max: int = 4
+    draft_max: int | None = None  # None: see GenerationConfig.draft_max
     system: str | None = None
     # Where each value came from: "flag", "env EDGESPEC_TEMP", "file /path/config.toml:3" or
     # "default".

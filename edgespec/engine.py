@@ -57,7 +57,8 @@ from .tree import (
 )
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
-MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers
+MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by default)
+NGRAM_DRAFT_MAX = 4  # --mode ngram's proposals without --draft-max
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
@@ -75,7 +76,9 @@ class GenerationConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    draft_max: int = 4
+    # Tokens a chain drafts, an n-gram round proposes. None: chain mode drafts as auto's chains
+    # do, while one more token raises the expected rate; n-gram mode proposes NGRAM_DRAFT_MAX.
+    draft_max: int | None = None
     stop: Sequence[str] = ()
     chat: bool | None = None  # None: use the chat template when the target has one
     system: str | None = None
@@ -115,7 +118,7 @@ class GenerationConfig:
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
             (
-                1 <= self.draft_max <= 64,
+                self.draft_max is None or 1 <= self.draft_max <= 64,
                 f"--draft-max must be between 1 and 64 (got {self.draft_max})",
             ),
             (
@@ -476,11 +479,17 @@ class Engine:
         pass; or the n-gram proposal, where it promises more (`_model_or_ngram`)."""
 
         def chain(_: Proposal | None) -> list[int]:
-            k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
-            proposed, _ = self._draft_chain(run, k)
+            limit = min(room, self._tokens_left(run) - 1)
+            if run.cfg.draft_max is None:
+                return self._auto_chain(run, min(MAX_AUTO_DRAFT, limit))
+            proposed, _ = self._draft_chain(run, min(run.cfg.draft_max, limit))
             return self._verify_chain(run, proposed, from_draft=True)
 
         return self._model_or_ngram(run, room, chain)
+
+    @staticmethod
+    def _tokens_left(run: _Run) -> int:
+        return run.cfg.max_tokens - len(run.generated)
 
     def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
         """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch
@@ -500,7 +509,7 @@ class Engine:
         making (policy.ModelOrNgram): then it is verified alone and the draft rests."""
         proposal = None
         if run.cfg.ngram:
-            limit = min(MAX_AUTO_DRAFT, room, run.cfg.max_tokens - len(run.generated) - 1)
+            limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
             proposal = run.ngram.propose(run.tokens, max(limit, 0))
             if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
                 run.ngram.watch(proposal, len(run.tokens))
@@ -627,7 +636,7 @@ class Engine:
 
     def _round_ngram(self, run: _Run, room: int) -> list[int]:
         """Prompt lookup: propose what followed the longest recent match of the text's end."""
-        k = min(run.cfg.draft_max, room, run.cfg.max_tokens - len(run.generated) - 1)
+        k = min(run.cfg.draft_max or NGRAM_DRAFT_MAX, room, self._tokens_left(run) - 1)
         proposal = run.ngram.propose(run.tokens, max(k, 0))
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
         run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1, proposal.streak)
@@ -636,7 +645,7 @@ class Engine:
     def _round_auto(self, run: _Run, room: int) -> list[int]:
         """Whatever promises the most tokens per second on this device right now (policy.py)."""
         policy, costs = run.policy, run.costs
-        limit = min(MAX_AUTO_DRAFT, room, run.cfg.max_tokens - len(run.generated) - 1)
+        limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
         t0 = time.perf_counter()
         if costs.step_s.value is None:  # the first round measures a plain step
             decided = self._round_target(run, room)
@@ -659,7 +668,7 @@ class Engine:
                 costs,
             )
             proposal.tokens = proposal.tokens[:length]
-        rounds_left = run.cfg.max_tokens - len(run.generated)
+        rounds_left = self._tokens_left(run)
         choice = policy.choose(ngram_rate, self._catch_up_s(run), rounds_left)
         run.stats.record_choice(choice)
         if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
@@ -701,14 +710,14 @@ class Engine:
 
         def keep_going(confidences: list[float]) -> bool:
             accept_probs.append(calibrator.predict(confidences[-1]))
-            if costs.draft_s.value is None:
-                return len(accept_probs) < 2  # first use: a short chain to measure the draft
+            if not costs.measured:  # first use: a short chain to measure the draft (and, in
+                return len(accept_probs) < 2  # chain mode, a first pass stands for a step)
             return worth_drafting_on(accept_probs, accept_probs[-1], costs)
 
         proposed, confidences = self._draft_chain(run, limit, keep_going)
         if proposed:
             costs.draft_s.update(run.draft_step_s)
-        if costs.draft_s.value is not None and len(accept_probs) == len(proposed):
+        if costs.measured and len(accept_probs) == len(proposed):
             # The drafting is paid for; verify only as far as the tokens pay for their pass.
             keep, _ = best_proposal_length(
                 lambda n: expected_tokens(accept_probs[:n]) - 1, len(proposed), costs

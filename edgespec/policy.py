@@ -83,6 +83,11 @@ class Costs:
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
+    @property
+    def measured(self) -> bool:
+        """Whether a target step and a draft step have both been timed (or estimated)."""
+        return self.step_s.value is not None and self.draft_s.value is not None
+
     def relative(self, k: int) -> float:
         value = self._relative.get(k)
         if value is None:

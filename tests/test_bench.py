@@ -61,7 +61,7 @@ def report(smol_path, smol_q4_0, tiny_suite, progress_steps) -> BenchReport:
     return run_bench(
         smol_path,
         smol_q4_0,
-        [*available_modes(has_draft=True), "chain:2"],
+        [*available_modes(has_draft=True), "chain:2", "chain:5"],
         load_prompts(tiny_suite),
         repeats=1,
         threads=1,
@@ -71,7 +71,7 @@ def report(smol_path, smol_q4_0, tiny_suite, progress_steps) -> BenchReport:
 
 
 def test_every_mode_gives_a_positive_speed_on_every_prompt(report):
-    assert report.modes == [*available_modes(has_draft=True), "chain:2"]
+    assert report.modes == [*available_modes(has_draft=True), "chain:2", "chain:5"]
     assert report.modes[0] == BASELINE and set(LLAMA_MODES) <= set(report.modes)
     for mode in report.modes:
         for prompt in ("add", "sky"):
@@ -126,9 +126,9 @@ def test_each_row_counts_its_rounds_by_what_drafted_them(report):
 
 def test_a_sized_mode_runs_with_that_size_and_reports_its_own_work(report):
     for prompt in ("add", "sky"):
-        short, default = report.row("chain:2", prompt), report.row("chain", prompt)
+        short, long = report.row("chain:2", prompt), report.row("chain:5", prompt)
         assert short.draft_evals_per_pass is not None and short.draft_evals_per_pass <= 2
-        assert default.draft_evals_per_pass is not None and default.draft_evals_per_pass > 2
+        assert long.draft_evals_per_pass is not None and long.draft_evals_per_pass > 2
         assert short.overhead_ms is not None and short.overhead_ms > 0
 
 

@@ -41,7 +41,7 @@ def test_chain_with_a_requantized_draft_reproduces_plain_greedy_output(
     plain_engine, q2_draft_engine, prompt
 ):
     plain = greedy(plain_engine, prompt, "target")
-    spec = greedy(q2_draft_engine, prompt, "chain")
+    spec = greedy(q2_draft_engine, prompt, "chain", draft_max=4)
     assert_same_or_near_tie(
         plain_engine, plain_engine.prompt_tokens(prompt), plain.tokens, spec.tokens
     )
@@ -60,6 +60,37 @@ def test_statistics_add_up(q4_draft_engine):
     assert s.n_generated <= s.accepted_tokens + s.target_passes
     assert 0 < s.acceptance_rate <= 1 and s.tokens_per_s > 0 and s.peak_rss_mb > 0
     assert s.finish_reason in ("length", "stop")
+
+
+def test_without_draft_max_a_chain_drafts_on_while_one_more_token_raises_the_expected_rate(
+    q2_draft_engine, monkeypatch
+):
+    from edgespec import engine as engine_module
+
+    engine, prompt = q2_draft_engine, PROMPTS[1]
+
+    def chain_with(answer):
+        """A chain-mode generation where `answer` says whether to draft one more token; the
+        lengths of the chains when it was asked."""
+        asked: list[int] = []
+
+        def recorded(accept_probs, next_guess, costs):
+            asked.append(len(accept_probs))
+            return answer(accept_probs, next_guess, costs)
+
+        monkeypatch.setattr(engine_module, "worth_drafting_on", recorded)
+        return engine.generate(prompt, max_tokens=80, mode="chain", ngram=False), asked
+
+    judge = engine_module.worth_drafting_on
+    _, never = chain_with(lambda *_: False)
+    _, always = chain_with(lambda *_: True)
+    result, asked = chain_with(judge)
+
+    assert max(never) == 1  # a first chain of 2 measures the draft; then one token each
+    assert max(always) > 4  # past the fixed length of four it had before
+    assert asked and result.stats.draft_evals >= len(asked) + 2
+    plain = greedy(engine, prompt, "target", n=80)
+    assert_same_or_near_tie(engine, engine.prompt_tokens(prompt), plain.tokens, result.tokens)
 
 
 def test_after_many_rounds_the_target_cache_holds_exactly_the_committed_tokens(q2_draft_engine):
