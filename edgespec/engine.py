@@ -9,9 +9,11 @@ exactly the committed tokens (the draft may lag behind and catches up in its nex
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,7 @@ from .profile import (
     AutoMemory,
     load_auto_memory,
     load_profile,
+    measure_curve,
     quick_profile,
     relative_cost,
     save_auto_memory,
@@ -61,6 +64,7 @@ MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by 
 NGRAM_DRAFT_MAX = 4  # --mode ngram's proposals without --draft-max
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
+PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
 LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
@@ -274,6 +278,7 @@ class Engine:
         """Measure and save a quick device profile (a few seconds) of each model that has none,
         so that auto mode plans with this device's costs from its first round."""
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
+        measured_now = False
         if self.draft_ctx is not None:
             roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
         for role, ctx, n_threads, cpus in roles:
@@ -288,10 +293,50 @@ class Engine:
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 save_profile(measured)
                 self.forget_caches()  # the measurement cleared this context
+                measured_now = True
             if role == "target":
                 self.profile, self.relative_cost = measured, measured.relative
             else:
                 self.draft_profile = measured
+        if measured_now and self.draft_ctx is not None and not self._profiles_together():
+            self._time_draft_cost()
+
+    def _profiles_together(self) -> bool:
+        """Whether the two models' profiles were measured together, under the same load. Here a
+        plain step took 64 ms in one hour and 50 ms in the next: a new draft's profile over a
+        target's from another hour made a draft step look 0.23 of a target step, not 0.30."""
+        if self.profile is None or self.draft_profile is None:
+            return False
+        apart = abs(
+            datetime.fromisoformat(self.profile.measured_at)
+            - datetime.fromisoformat(self.draft_profile.measured_at)
+        )
+        return apart.total_seconds() <= PROFILES_TOGETHER_S
+
+    def _time_draft_cost(self) -> None:
+        """Time a step of each model now, in alternation (a change of load hits both alike), and
+        remember their ratio for auto mode: a draft step in target steps."""
+        assert self.draft_ctx is not None and self._arms_key is not None
+        steps: dict[str, list[float]] = {"target": [], "draft": []}
+        for _ in range(3):
+            for role, ctx in (("target", self.target_ctx), ("draft", self.draft_ctx)):
+                steps[role].append(measure_curve(ctx, ks=[1], repeats=4, context_tokens=32)[1])
+        self.forget_caches()
+        cost = statistics.median(steps["draft"]) / statistics.median(steps["target"])
+        self._memory = replace(self._memory, draft_cost=cost)
+        save_auto_memory(*self._arms_key, self._memory)
+
+    def _draft_cost(self) -> float | None:
+        """A draft step in target steps, as known before this generation times one: the stored
+        profiles' ratio where they were measured together (their ratio, not their seconds: the
+        machine's load may have changed since, and it changes both models alike); else what was
+        timed together, on first use or in an earlier run; else the profiles' ratio anyway."""
+        ratio = None
+        if self.profile is not None and self.draft_profile is not None:
+            ratio = self.draft_profile.step_s / self.profile.step_s
+            if self._profiles_together():
+                return ratio
+        return self._memory.draft_cost if self._memory.draft_cost is not None else ratio
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_tokens(
@@ -408,14 +453,17 @@ class Engine:
             else:
                 self._trim_caches(run)
             if run.policy is not None and self._arms_key:
-                self._remember(run.policy)
+                self._remember(run.policy, drafted=stats.draft_evals > 0)
 
-    def _remember(self, policy: AutoPolicy) -> None:
+    def _remember(self, policy: AutoPolicy, drafted: bool) -> None:
         """Keep what auto mode learnt about the draft on this device for the next run."""
         assert self._arms_key is not None
         costs = policy.costs
         draft_cost = self._memory.draft_cost
-        if costs.draft_s.value is not None and costs.step_s.value is not None:
+        # Only a generation that timed the draft knows its cost; another one's estimate is the
+        # one it started from, drifted with the plain steps it timed since.
+        if drafted and costs.measured:
+            assert costs.draft_s.value is not None and costs.step_s.value is not None
             draft_cost = costs.draft_s.value / costs.step_s.value
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         memory = AutoMemory(tried, draft_cost)
@@ -650,12 +698,8 @@ class Engine:
         if costs.step_s.value is None:  # the first round measures a plain step
             decided = self._round_target(run, room)
             costs.step_s.update(time.perf_counter() - t0)
-            # A draft step in target steps, from the profiles (their ratio, not their seconds:
-            # the machine's load may have changed since, and it changes both models alike) or
-            # from an earlier run; else the first model round measures it.
-            relative = self._memory.draft_cost
-            if self.draft_profile and self.profile:
-                relative = self.draft_profile.step_s / self.profile.step_s
+            # A draft step in target steps as known so far; else the first model round times it.
+            relative = self._draft_cost()
             if relative is not None:
                 costs.draft_s.update(costs.step_s.value * relative)
             return decided

@@ -255,6 +255,48 @@ def test_a_new_engine_remembers_that_drafting_lost_on_this_device(smol_path, mon
     assert fresh.generate(PROMPTS[1], max_tokens=12, mode="auto").stats.draft_evals > 0
 
 
+def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
+    smol_path, smol_q4_0, monkeypatch, tmp_path
+):
+    """The target's stored profile is from an hour when steps took ten times as long; the
+    draft has none yet. Its quick profile alone would make a draft step look a tenth of what
+    it costs: both steps are timed together, and that ratio is what auto starts from, in this
+    engine and in the next."""
+    import dataclasses
+
+    import edgespec
+    from edgespec.cores import format_cpu_list
+    from edgespec.profile import load_auto_memory, profile_path, save_profile
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    engine.profile_if_missing()  # both measured together: their own ratio is trusted
+    together = engine._draft_cost()
+    assert together is not None and 0.2 < together < 5  # a Q4_0 copy of the same model
+    slow_hour = dataclasses.replace(
+        engine.profile,
+        seconds=[10 * t for t in engine.profile.seconds],
+        measured_at="2026-11-22T03:00:00+00:00",
+    )
+    save_profile(slow_hour)
+    profile_path(engine.draft_profile).unlink()  # a new draft: no profile, nothing learnt
+    for memory_file in (tmp_path / "profiles").glob("arms-*"):
+        memory_file.unlink()
+
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    engine.profile_if_missing()  # measures the draft, and both steps side by side
+
+    misleading = engine.draft_profile.step_s / engine.profile.step_s
+    timed = engine._draft_cost()
+    assert timed is not None and misleading < timed / 4
+    assert 0.2 < timed < 5
+    cpus = format_cpu_list(engine.placement.target_cpus)
+    memory = load_auto_memory(smol_path, smol_q4_0, engine.threads, cpus)
+    assert memory.draft_cost == pytest.approx(timed)
+    again = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    assert again._draft_cost() == pytest.approx(timed)
+
+
 def flat_device(engine, draft_cost: float) -> None:
     """Tell an engine it runs on a device where batches are nearly free and a draft step costs
     `draft_cost` target steps: what stored profiles would say."""
