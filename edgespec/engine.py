@@ -701,7 +701,7 @@ class Engine:
             # A draft step in target steps as known so far; else the first model round times it.
             relative = self._draft_cost()
             if relative is not None:
-                costs.draft_s.update(costs.step_s.value * relative)
+                costs.estimate_draft_step(costs.step_s.value * relative)
             return decided
         proposal = run.ngram.propose(run.tokens, max(limit, 0))
         ngram_rate, full_proposal = None, proposal.tokens
@@ -760,7 +760,7 @@ class Engine:
 
         proposed, confidences = self._draft_chain(run, limit, keep_going)
         if proposed:
-            costs.draft_s.update(run.draft_step_s)
+            costs.record_draft_step(run.draft_step_s)
         if costs.measured and len(accept_probs) == len(proposed):
             # The drafting is paid for; verify only as far as the tokens pay for their pass.
             keep, _ = best_proposal_length(

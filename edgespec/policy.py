@@ -82,6 +82,20 @@ class Costs:
     batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
+    draft_estimated: bool = False  # draft_s is an estimate from before this generation
+
+    def estimate_draft_step(self, seconds: float) -> None:
+        """What a draft step should cost, from profiles or an earlier run, until one is timed."""
+        self.draft_s.update(seconds)
+        self.draft_estimated = True
+
+    def record_draft_step(self, seconds: float) -> None:
+        """A draft step timed while generating. The first replaces the estimate: averaged in at
+        the weight of one sample, a wrong estimate (a profile from another hour) would outlive
+        the generation's few tries of the draft."""
+        if self.draft_estimated:
+            self.draft_s.value, self.draft_estimated = None, False
+        self.draft_s.update(seconds)
 
     @property
     def measured(self) -> bool:

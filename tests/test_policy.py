@@ -143,6 +143,15 @@ def test_the_model_rate_is_recent_tokens_over_recent_seconds_not_a_mean_of_round
     assert 15 < drafters.model_rate < 30
 
 
+def test_the_first_timed_draft_step_replaces_an_estimate_then_steps_are_averaged():
+    c = Costs(relative)
+    c.estimate_draft_step(0.010)  # from profiles measured in another hour
+    c.record_draft_step(0.015)
+    assert c.draft_s.value == pytest.approx(0.015)
+    c.record_draft_step(0.020)
+    assert 0.015 < c.draft_s.value < 0.020
+
+
 def test_a_pass_stands_for_a_step_where_no_plain_step_is_timed():
     c = Costs(relative)
     c.record_pass_as_step(4, 0.03 * relative(4))
