@@ -15,7 +15,6 @@ its guesses are accepted; the output is the target's either way.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,14 +22,13 @@ from pathlib import Path
 import llama_cpp
 
 from .backend import Context, Model, quantize
-from .profile import measure_curve
+from .profile import alternating_steps
 
 CHEAP_TYPE = "Q4_0"
 # Copies an earlier edgespec made, with llama.cpp's default output matrix: removed when the
 # current copy replaces them (400 MB each for the default draft).
 OLD_COPY_SUFFIXES = (".requant-q4_0.gguf",)
 FASTER_BY = 0.95  # the copy must take at most this fraction of the original's time per token
-ROUNDS = 3  # alternate the two files this many times: drift on a busy machine hits both alike
 
 
 @dataclass
@@ -111,13 +109,9 @@ def fastest_draft(
 
 def step_seconds(paths: list[Path], n_threads: int) -> dict[Path, float]:
     """Median time of one plain decode step of each model, measured in alternation."""
-    contexts = {p: Context(Model(p), n_ctx=256, n_threads=n_threads) for p in paths}
+    contexts = [Context(Model(p), n_ctx=256, n_threads=n_threads) for p in paths]
     try:
-        times: dict[Path, list[float]] = {p: [] for p in paths}
-        for _ in range(ROUNDS):
-            for path, ctx in contexts.items():
-                times[path].append(measure_curve(ctx, ks=[1], repeats=8, context_tokens=32)[1])
-        return {p: statistics.median(t) for p, t in times.items()}
+        return dict(zip(paths, alternating_steps(contexts), strict=True))
     finally:
-        for ctx in contexts.values():
+        for ctx in contexts:
             ctx.close()

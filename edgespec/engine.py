@@ -9,7 +9,6 @@ exactly the committed tokens (the draft may lag behind and catches up in its nex
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,9 +36,9 @@ from .policy import (
 from .profile import (
     DEFAULT_RELATIVE,
     AutoMemory,
+    alternating_steps,
     load_auto_memory,
     load_profile,
-    measure_curve,
     quick_profile,
     relative_cost,
     save_auto_memory,
@@ -317,12 +316,9 @@ class Engine:
         """Time a step of each model now, in alternation (a change of load hits both alike), and
         remember their ratio for auto mode: a draft step in target steps."""
         assert self.draft_ctx is not None and self._arms_key is not None
-        steps: dict[str, list[float]] = {"target": [], "draft": []}
-        for _ in range(3):
-            for role, ctx in (("target", self.target_ctx), ("draft", self.draft_ctx)):
-                steps[role].append(measure_curve(ctx, ks=[1], repeats=4, context_tokens=32)[1])
-        self.forget_caches()
-        cost = statistics.median(steps["draft"]) / statistics.median(steps["target"])
+        target_s, draft_s = alternating_steps([self.target_ctx, self.draft_ctx], repeats=4)
+        self.forget_caches()  # the timing cleared both contexts
+        cost = draft_s / target_s
         self._memory = replace(self._memory, draft_cost=cost)
         save_auto_memory(*self._arms_key, self._memory)
 

@@ -372,6 +372,18 @@ def measure_profile(
     )
 
 
+def alternating_steps(
+    contexts: Sequence[Context], rounds: int = 3, repeats: int = 8
+) -> list[float]:
+    """Median seconds of one plain decode step of each context, measured in turns, `rounds`
+    times round: a change of the machine's load while measuring hits all of them alike."""
+    times: list[list[float]] = [[] for _ in contexts]
+    for _ in range(rounds):
+        for ctx, samples in zip(contexts, times, strict=True):
+            samples.append(measure_curve(ctx, ks=[1], repeats=repeats, context_tokens=32)[1])
+    return [statistics.median(samples) for samples in times]
+
+
 def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:
     """A first-use profile: the sweet-spot ks only, 3 rounds at most, about QUICK_BUDGET_S."""
     return measure_profile(
