@@ -76,7 +76,8 @@ DraftMax = Annotated[
     int | None,
     typer.Option(
         help="Tokens a chain drafts, or an ngram round proposes, per verification [default: "
-        "chain: the length that suits this device's costs and the acceptance so far; ngram: 4]"
+        "chain: on while one more token raises the expected rate (the draft's calibrated "
+        "confidence against this device's costs), at most 16; ngram: 4]"
     ),
 ]
 System = Annotated[str | None, typer.Option(help="System message (chat template)")]
