@@ -297,7 +297,10 @@ class Engine:
                 self.profile, self.relative_cost = measured, measured.relative
             else:
                 self.draft_profile = measured
-        if measured_now and self.draft_ctx is not None and not self._profiles_together():
+        # Profiles from different hours do not tell what a draft step costs in target steps:
+        # time both now, unless an earlier run on this device already did.
+        unknown = measured_now or self._memory.draft_cost is None
+        if self.draft_ctx is not None and unknown and not self._profiles_together():
             self._time_draft_cost()
 
     def _profiles_together(self) -> bool:

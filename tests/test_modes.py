@@ -295,6 +295,11 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     assert memory.draft_cost == pytest.approx(timed)
     again = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     assert again._draft_cost() == pytest.approx(timed)
+    for memory_file in (tmp_path / "profiles").glob("arms-*"):  # profiles of two hours and
+        memory_file.unlink()  # nothing learnt (an upgrade): timed once more, then known
+    upgraded = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    upgraded.profile_if_missing()
+    assert upgraded._draft_cost() is not None and misleading < upgraded._draft_cost() / 4
 
 
 def flat_device(engine, draft_cost: float) -> None:
