@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import numpy as np
 
@@ -78,3 +79,11 @@ def hear_ctrl_c() -> None:
     by a non-interactive shell ignores SIGINT, and exec keeps that for every child; a user's
     terminal does not."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """The quantization type of each tensor of a GGUF, by name (gguf-py's reader: slow on large
+    vocabularies, fine for SmolLM2)."""
+    from gguf import GGUFReader
+
+    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}

@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.cli.app import main
 
-from .helpers import hear_ctrl_c, write_tiny_gguf
+from .helpers import hear_ctrl_c, tensor_types, write_tiny_gguf
 
 STATS_KEYS = {
     "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
@@ -120,12 +120,6 @@ def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, sm
     other = write_tiny_gguf(tmp_path / "other.gguf", n_vocab=300)
     code, out, _ = cli(capsys, "inspect", str(smol_path), str(other), "--json")
     assert code == 0 and json.loads(out)["pairable"] is False
-
-
-def tensor_types(path: Path) -> dict[str, str]:
-    from gguf import GGUFReader
-
-    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
 
 
 def test_quantize_writes_a_requantized_copy_and_can_cheapen_its_output_matrix(

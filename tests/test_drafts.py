@@ -9,7 +9,7 @@ import shutil
 from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
 from edgespec.gguf_info import read_gguf
 
-from .test_cli import tensor_types
+from .helpers import tensor_types
 
 
 def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
