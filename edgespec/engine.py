@@ -452,18 +452,18 @@ class Engine:
             else:
                 self._trim_caches(run)
             if run.policy is not None and self._arms_key:
-                self._remember(run.policy, drafted=stats.draft_evals > 0)
+                self._remember(run.policy)
 
-    def _remember(self, policy: AutoPolicy, drafted: bool) -> None:
+    def _remember(self, policy: AutoPolicy) -> None:
         """Keep what auto mode learnt about the draft on this device for the next run."""
         assert self._arms_key is not None
         costs = policy.costs
         draft_cost = self._memory.draft_cost
-        # Only a generation that timed the draft knows its cost; another one's estimate is the
-        # one it started from, drifted with the plain steps it timed since.
-        if drafted and costs.measured:
-            assert costs.draft_s.value is not None and costs.step_s.value is not None
-            draft_cost = costs.draft_s.value / costs.step_s.value
+        # Only a generation that timed a draft step knows its cost; another one's is the estimate
+        # it started from, drifted with the plain steps it timed since.
+        draft_s, step_s = costs.draft_s.value, costs.step_s.value
+        if draft_s is not None and step_s is not None and not costs.draft_estimated:
+            draft_cost = draft_s / step_s
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         memory = AutoMemory(tried, draft_cost)
         # A chat remembers after every answer: the file is written only when it would change.

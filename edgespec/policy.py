@@ -80,9 +80,9 @@ class Costs:
     # at a few k on a machine whose load changes, and interpolated between them: here its 5-token
     # pass was 3.07 steps where the passes of a generation took 2.72.
     batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
+    draft_estimated: bool = False  # draft_s is an estimate from before this generation
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
-    draft_estimated: bool = False  # draft_s is an estimate from before this generation
 
     def estimate_draft_step(self, seconds: float) -> None:
         """What a draft step should cost, from profiles or an earlier run, until one is timed."""

@@ -358,6 +358,24 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
     assert draft_evals[1500] > 0
 
 
+def test_a_generation_that_timed_no_draft_step_does_not_remember_a_draft_cost(
+    smol_path, monkeypatch, tmp_path
+):
+    """Its draft cost is only the estimate it started from (here the profiles' 10 steps),
+    drifted with the plain steps it timed: nothing to keep for the next run."""
+    import edgespec
+    from edgespec.cores import format_cpu_list
+    from edgespec.profile import load_auto_memory
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_path, n_ctx=1024)
+    flat_device(engine, draft_cost=10.0)  # can never pay: auto decodes plainly
+    stats = engine.generate(PROMPTS[0], max_tokens=24, mode="auto").stats
+    assert stats.draft_evals == 0
+    cpus = format_cpu_list(engine.placement.target_cpus)
+    assert load_auto_memory(smol_path, smol_path, engine.threads, cpus).draft_cost is None
+
+
 def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     import edgespec
 
