@@ -29,6 +29,7 @@ from .policy import (
     Calibrator,
     Costs,
     ModelOrNgram,
+    PassCosts,
     best_proposal_length,
     expected_tokens,
     worth_drafting_on,
@@ -38,10 +39,12 @@ from .profile import (
     AutoMemory,
     alternating_steps,
     load_auto_memory,
+    load_pass_costs,
     load_profile,
     quick_profile,
     relative_cost,
     save_auto_memory,
+    save_pass_costs,
     save_profile,
 )
 from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
@@ -272,6 +275,9 @@ class Engine:
         self.relative_cost: Callable[[int], float] = (
             self.profile.relative if self.profile else _default_curve
         )
+        # What auto mode's generations measured of the target's passes here, kept up to date.
+        self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
+        self._pass_costs = load_pass_costs(*self._passes_key, self.profile)
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (a few seconds) of each model that has none,
@@ -294,6 +300,8 @@ class Engine:
                 self.forget_caches()  # the measurement cleared this context
                 measured_now = True
             if role == "target":
+                if measured is not self.profile and measured_now:
+                    self._pass_costs = PassCosts()  # measured against the old curve
                 self.profile, self.relative_cost = measured, measured.relative
             else:
                 self.draft_profile = measured
@@ -423,6 +431,7 @@ class Engine:
         run.rng = run.sampling.make_rng()
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost)
+        run.costs.start_from(self._pass_costs)
         if cfg.mode == "auto":
             run.policy = AutoPolicy(run.costs, self.model_arms)
             run.calibrator = run.policy.calibrator
@@ -451,6 +460,8 @@ class Engine:
                 self.forget_caches()
             else:
                 self._trim_caches(run)
+            if run.policy is not None:
+                self._remember_passes(run.costs)
             if run.policy is not None and self._arms_key:
                 self._remember(run.policy)
 
@@ -470,6 +481,14 @@ class Engine:
         if (tried or draft_cost is not None) and not memory.same_as(self._memory):
             save_auto_memory(*self._arms_key, memory)
             self._memory = memory
+
+    def _remember_passes(self, costs: Costs) -> None:
+        """Keep what auto mode's passes measured (it times plain steps to compare them with) for
+        the next generation and the next run."""
+        learnt = costs.learnt()
+        if learnt.steps and not learnt.same_as(self._pass_costs):
+            save_pass_costs(*self._passes_key, learnt)
+            self._pass_costs = learnt
 
     def _native_s(self) -> float:
         """Seconds both contexts have spent inside llama.cpp's decode so far."""

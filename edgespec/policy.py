@@ -20,6 +20,12 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 # prompt (1.5-2 s on a 400-token edit). Below 1/0.79 the tries can only lose.
 CEILING_MARGIN = 1.25
 SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
+# A measured pass cost follows new passes of its size this fast: the load moves within minutes.
+PASS_WEIGHT = 0.2
+# It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
+# count for it: what one pass measured moves the price a quarter of the way.
+PASS_PRIOR = 3
+MAX_SEEN = 10
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # A probe first catches the draft up on every token decided without it: 2-4 s on a long chat or
 # edit here, where a probe was meant to cost about a step. It waits until that is at most this
@@ -80,6 +86,12 @@ class Costs:
     # at a few k on a machine whose load changes, and interpolated between them: here its 5-token
     # pass was 3.07 steps where the passes of a generation took 2.72.
     batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
+    # Passes of k tokens in plain steps, for each k this device's passes measured: the shape of
+    # the curve moves with the load too. Here a profile from a busy hour said T(6)/T(1) 2.92 where
+    # passes took 3.67 an hour later, which made 5-token n-gram proposals look better than
+    # 3-token ones: 1.26 vs 1.34 tokens per step on an edit.
+    pass_steps: dict[int, Ema] = field(default_factory=dict)
+    pass_seen: dict[int, int] = field(default_factory=dict)  # passes each rests on, capped
     draft_estimated: bool = False  # draft_s is an estimate from before this generation
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
@@ -108,21 +120,75 @@ class Costs:
             value = self._relative[k] = self.curve(k)
         return value
 
+    def steps(self, k: int) -> float:
+        """A pass of k tokens in plain steps: as measured here if such passes were, else the
+        curve, corrected by how far the measured passes were from it."""
+        if k <= 1:
+            return 1.0
+        from_curve = self.relative(k) * (self.batch_factor.value or 1.0)
+        measured = self.pass_steps.get(k)
+        if measured is None or measured.value is None:
+            return from_curve
+        # Drawn towards the corrected curve until several passes agree: on a shared machine one
+        # slow pass must not price a size out of use for good (a size not chosen is not timed).
+        seen = self.pass_seen.get(k, 1)
+        return (seen * measured.value + PASS_PRIOR * from_curve) / (seen + PASS_PRIOR)
+
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
-        if k <= 1:
-            return self.step_s.value
-        return self.step_s.value * self.relative(k) * (self.batch_factor.value or 1.0)
+        return self.step_s.value * self.steps(k)
 
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
         if k > 1 and self.step_s.value is not None:
-            self.batch_factor.update(seconds / (self.step_s.value * self.relative(k)))
+            steps = seconds / self.step_s.value
+            self.batch_factor.update(steps / self.relative(k))
+            self.pass_steps.setdefault(k, Ema(weight=PASS_WEIGHT)).update(steps)
+            self.pass_seen[k] = min(self.pass_seen.get(k, 0) + 1, MAX_SEEN)
 
     def record_pass_as_step(self, k: int, seconds: float) -> None:
         """A pass of k tokens, where no plain step is ever timed (chain and tree modes): scaled
-        down by the curve, it stands for one."""
-        self.step_s.update(seconds / self.relative(k))
+        down by what such a pass costs in steps, it stands for one."""
+        self.step_s.update(seconds / self.steps(k))
+
+    def learnt(self) -> PassCosts:
+        """What this generation's passes measured, to start the next generation from."""
+        steps = {k: ema.value for k, ema in self.pass_steps.items() if ema.value is not None}
+        seen = {k: self.pass_seen.get(k, 1) for k in steps}
+        return PassCosts(steps, seen, self.batch_factor.value)
+
+    def start_from(self, known: PassCosts) -> None:
+        """Begin with what earlier generations measured (this generation's passes move it)."""
+        self.pass_steps = {k: Ema(PASS_WEIGHT, v) for k, v in known.steps.items() if v > 0}
+        self.pass_seen = {k: min(max(known.seen.get(k, 1), 1), MAX_SEEN) for k in self.pass_steps}
+        if known.batch_factor is not None and known.batch_factor > 0:
+            self.batch_factor.value = known.batch_factor
+
+
+@dataclass
+class PassCosts:
+    """Passes of k tokens in plain steps as generations measured them on this device (see
+    Costs.pass_steps), and how far from the profile's curve they were overall."""
+
+    steps: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)  # how many passes each rests on
+    batch_factor: float | None = None
+
+    # Within this fraction of each other, two measurements are the same (noisy timings): the
+    # stored file is rewritten only when something moved by more.
+    TOLERANCE = 0.05
+
+    def same_as(self, other: PassCosts) -> bool:
+        def close(a: float | None, b: float | None) -> bool:
+            if a is None or b is None:
+                return a is b
+            return abs(a - b) <= self.TOLERANCE * b
+
+        return (
+            self.steps.keys() == other.steps.keys()
+            and all(close(v, other.steps[k]) for k, v in self.steps.items())
+            and close(self.batch_factor, other.batch_factor)
+        )
 
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:

@@ -27,6 +27,7 @@ from .backend import Context, Model
 from .catalogue import home
 from .cores import PinnedThread, available_cpus, format_cpu_list, parse_cpu_list
 from .errors import BadSettingError
+from .policy import PassCosts
 
 FULL_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 QUICK_KS = (1, 2, 4, 8, 16)
@@ -278,6 +279,56 @@ def load_profile(
     if profile.method < PROFILE_METHOD:
         return None  # measured the old way: measure again, and the next save replaces it
     return profile
+
+
+def _passes_path(target: Path, n_threads: int, cpus: str) -> Path | None:
+    try:
+        key = profile_key(target.name, target.stat().st_size, n_threads, cpus)
+    except OSError:
+        return None
+    return profiles_dir() / f"passes-{key}.json"
+
+
+def load_pass_costs(
+    target: str | Path, n_threads: int, cpus: str, profile: DeviceProfile | None
+) -> PassCosts:
+    """What generations measured of this target's passes here (policy.Costs.pass_steps); empty
+    if unknown, unreadable, or older than the profile (a new `edgespec profile` supersedes it):
+    never an error."""
+    path = _passes_path(Path(target), n_threads, cpus)
+    try:
+        data = json.loads(path.read_text("utf-8")) if path else {}
+        saved_at = datetime.fromisoformat(data["saved_at"])
+        if profile is not None and saved_at < datetime.fromisoformat(profile.measured_at):
+            return PassCosts()
+        factor = data.get("batch_factor")
+        steps = {int(k): float(v) for k, v in data["steps"].items() if float(v) > 0}
+        seen = {int(k): int(v) for k, v in data.get("seen", {}).items() if int(k) in steps}
+        return PassCosts(
+            steps, seen, float(factor) if factor is not None and float(factor) > 0 else None
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return PassCosts()
+
+
+def save_pass_costs(target: str | Path, n_threads: int, cpus: str, costs: PassCosts) -> None:
+    """Keep for the next run; errors are ignored (see save_auto_memory)."""
+    path = _passes_path(Path(target), n_threads, cpus)
+    if path is None:
+        return
+    data = {
+        "steps": {str(k): v for k, v in sorted(costs.steps.items())},
+        "seen": {str(k): v for k, v in sorted(costs.seen.items())},
+        "batch_factor": costs.batch_factor,
+        "saved_at": datetime.now(timezone.utc).isoformat(),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data) + "\n", "utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _arms_path(target: Path, draft: Path, n_threads: int, cpus: str) -> Path | None:

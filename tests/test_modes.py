@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgespec.backend import Context
-from edgespec.policy import ModelOrNgram
+from edgespec.policy import ModelOrNgram, PassCosts
 from edgespec.tree import TokenTree, verification_batch
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -255,6 +255,33 @@ def test_a_new_engine_remembers_that_drafting_lost_on_this_device(smol_path, mon
     assert fresh.generate(PROMPTS[1], max_tokens=12, mode="auto").stats.draft_evals > 0
 
 
+def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_from(
+    smol_path, monkeypatch, tmp_path
+):
+    """A profile is one hour's curve; the passes auto mode makes (here: n-gram proposals of a
+    copy) measure the present one, and the next generation and the next engine start from it."""
+    import edgespec
+    from edgespec.engine import Engine
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    first = edgespec.load(smol_path, n_ctx=1024)
+    assert first.generate(COPY_PROMPT, max_tokens=60, mode="auto").stats.choices.get("ngram")
+    learnt = first._pass_costs
+    assert learnt.steps and all(steps > 1 for steps in learnt.steps.values())
+
+    seen = []
+    first_round = Engine._round_auto
+
+    def spy(self, run, room):
+        seen.append({k: run.costs.steps(k) for k in learnt.steps})
+        return first_round(self, run, room)
+
+    monkeypatch.setattr(Engine, "_round_auto", spy)
+    again = edgespec.load(smol_path, n_ctx=1024)
+    again.generate(PROMPTS[0], max_tokens=4, mode="auto")
+    assert seen[0] == pytest.approx(learnt.steps)
+
+
 def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
     smol_path, smol_q4_0, monkeypatch, tmp_path
 ):
@@ -315,6 +342,7 @@ def flat_device(engine, draft_cost: float) -> None:
 
     engine.relative_cost = lambda k: 1 + 0.02 * (k - 1)
     engine.profile, engine.draft_profile = profile(1.0), profile(draft_cost)
+    engine._pass_costs = PassCosts()  # nor what earlier generations' passes measured
 
 
 @pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])

@@ -15,6 +15,7 @@ from edgespec.policy import (
     Costs,
     Ema,
     ModelOrNgram,
+    PassCosts,
     best_proposal_length,
     chain_rate,
     expected_tokens,
@@ -89,6 +90,60 @@ def test_measured_passes_correct_the_profile_curve_for_batches_not_for_a_step():
     assert c.verify_s(1) == 0.03
     c.record_pass(1, 1.0)  # a single step is measured as step_s, not here
     assert c.verify_s(1) == 0.03
+
+
+def test_a_pass_size_is_priced_by_its_own_passes_once_several_agree():
+    c = costs(step_s=0.03)
+    for _ in range(30):  # passes of 4 cost what the curve says: its correction factor is 1
+        c.record_pass(4, 0.03 * relative(4))
+    c.record_pass(6, 0.03 * 5.0)  # one slow pass of 6 (the curve says 3.94): a shared machine
+    assert relative(6) < c.steps(6) < (relative(6) + 5.0) / 2
+    for _ in range(30):  # then passes of 6 keep costing 3.7 steps
+        c.record_pass(6, 0.03 * 3.7)
+    assert c.steps(6) == pytest.approx(3.7, rel=0.03)
+    assert c.verify_s(6) == pytest.approx(0.03 * c.steps(6))
+    # sizes not measured: the curve, corrected by how far the measured passes were from it
+    assert c.steps(5) == pytest.approx(relative(5) * c.batch_factor.value)
+
+
+def test_measured_pass_sizes_change_which_proposal_length_is_best():
+    """A profile from a busy hour made 6-token passes look as cheap as 5-token ones here; the
+    passes measured an hour later cost 3.67 and 2.42 steps for 6 and 4 tokens."""
+    busy_hour = {1: 1.0, 2: 1.5, 3: 1.97, 4: 2.31, 5: 2.84, 6: 2.92, 8: 5.38}
+    from edgespec.profile import relative_cost
+
+    c = Costs(lambda k: relative_cost(busy_hour, k))
+    c.step_s.update(0.05)
+    expected = lambda n: sum(0.85 * 0.9**i for i in range(n))  # noqa: E731  an edit's copy
+    assert best_proposal_length(expected, 8, c)[0] == 5
+    for _ in range(10):
+        c.record_pass(6, 0.05 * 3.67)
+        c.record_pass(4, 0.05 * 2.42)
+    assert best_proposal_length(expected, 8, c)[0] == 3
+
+
+def test_what_passes_measured_carries_over_to_the_next_generation():
+    first = costs(step_s=0.03)
+    for _ in range(10):
+        first.record_pass(4, 0.03 * 3.0)
+    learnt = first.learnt()
+    assert learnt.steps == {4: pytest.approx(3.0)} and learnt.seen == {4: 10}
+    assert learnt.batch_factor > 1
+    nxt = Costs(relative)
+    nxt.start_from(learnt)
+    nxt.step_s.update(0.05)  # another load: the steps, not the seconds, carry over
+    assert nxt.verify_s(4) == pytest.approx(0.05 * 3.0)
+    assert nxt.steps(8) == pytest.approx(relative(8) * learnt.batch_factor)
+    nxt.record_pass_as_step(4, 0.06 * 3.0)  # chain and tree modes: a pass stands for a step
+    assert nxt.step_s.value == pytest.approx(0.05 + 0.2 * (0.06 - 0.05))
+
+
+def test_pass_costs_are_rewritten_only_when_they_moved():
+    stored = PassCosts({4: 2.4, 6: 3.7}, batch_factor=1.1)
+    assert PassCosts({4: 2.45, 6: 3.7}, batch_factor=1.11).same_as(stored)  # timing noise
+    assert not PassCosts({4: 2.8, 6: 3.7}, batch_factor=1.1).same_as(stored)
+    assert not PassCosts({4: 2.4, 6: 3.7, 8: 5.9}, batch_factor=1.1).same_as(stored)
+    assert not PassCosts({4: 2.4, 6: 3.7}).same_as(stored)
 
 
 def test_cheaper_batches_than_the_profile_says_make_a_proposal_worth_verifying():

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from edgespec.backend import Context, Model
 from edgespec.cli.profile_cmd import profile
 from edgespec.errors import BadSettingError
+from edgespec.policy import PassCosts
 from edgespec.profile import (
     DEFAULT_RELATIVE,
     FULL_KS,
@@ -26,6 +27,7 @@ from edgespec.profile import (
     DeviceProfile,
     current_cpus,
     load_auto_memory,
+    load_pass_costs,
     load_profile,
     measure_curve,
     measure_profile,
@@ -35,6 +37,7 @@ from edgespec.profile import (
     quick_profile,
     relative_cost,
     save_auto_memory,
+    save_pass_costs,
     save_profile,
 )
 
@@ -200,6 +203,25 @@ def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_pat
     assert load_auto_memory(model_file, tmp_path / "gone.gguf", 2, "0-1") == AutoMemory({})
     next(home.glob("profiles/arms-*.json")).write_text("{not json")
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
+
+
+def test_measured_pass_costs_are_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
+    measured = PassCosts({4: 2.42, 6: 3.67}, {4: 10, 6: 3}, batch_factor=1.2)
+    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+    save_pass_costs(model_file, 2, "0-1", measured)
+    assert load_pass_costs(model_file, 2, "0-1", None) == measured
+    assert load_pass_costs(model_file, 2, "0-1", a_profile(model_file)) == measured  # older
+    assert load_pass_costs(model_file, 1, "0-1", None) == PassCosts()
+    assert load_pass_costs(model_file, 2, "0", None) == PassCosts()
+    assert load_pass_costs(tmp_path / "gone.gguf", 2, "0-1", None) == PassCosts()
+    next(home.glob("profiles/passes-*.json")).write_text('{"steps": {"4": "x"}}')
+    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+
+
+def test_a_profile_measured_after_the_passes_supersedes_them(home, model_file):
+    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, batch_factor=1.2))
+    remeasured = a_profile(model_file, measured_at="2999-01-01T00:00:00+00:00")
+    assert load_pass_costs(model_file, 2, "0-1", remeasured) == PassCosts()
 
 
 def test_auto_memory_changes_only_with_what_it_would_decide():
