@@ -249,6 +249,7 @@ class Engine:
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         self._draft_vocab = draft.n_vocab if draft else 0
         self._q_rows = np.empty((0, self._draft_vocab), dtype=np.float32)
+        self._near_mask = np.empty(self._draft_vocab, dtype=bool)  # see top_candidates
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
         self.profile = load_profile(
             target.path, threads, format_cpu_list(self.placement.target_cpus)
@@ -636,7 +637,8 @@ class Engine:
             if params.greedy and keep_going is None:
                 token = int(row.argmax())
             elif params.greedy:
-                token, confidence = top_candidates(row, 1)[0]  # the argmax, its probability
+                # the argmax and its probability
+                token, confidence = top_candidates(row, 1, self._near_mask)[0]
                 confidences.append(confidence)
             else:
                 q_rows[i] = probs_from_logits(row, params)
@@ -834,7 +836,7 @@ class Engine:
             stats.draft_evals += 1
             node = tree.branches[branch].leaf
             if params.greedy:
-                candidates = top_candidates(logits[-1], cfg.max_branches)
+                candidates = top_candidates(logits[-1], cfg.max_branches, self._near_mask)
                 argmax_of[node] = candidates[0]
                 p_top = candidates[0][1]
                 chance = run.calibrator.predict(p_top) if cfg.calibrated else None

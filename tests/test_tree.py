@@ -131,14 +131,15 @@ def test_top_candidates_are_the_n_most_probable_argmax_first() -> None:
 @pytest.mark.parametrize("scale", [0.5, 3.0, 8.0])  # flat to peaked rows
 def test_top_candidates_match_a_full_sort_of_the_softmax(scale: float) -> None:
     rng = np.random.default_rng(int(scale * 10))
-    for _ in range(20):
+    reused_mask = np.empty(5_000, dtype=bool)  # as the engine passes it: one for every row
+    for row in range(20):
         logits = rng.normal(0.0, scale, 5_000).astype(np.float32)
         logits[rng.integers(5_000, size=3)] = logits.max()  # equals at the top
         probs = np.exp(logits.astype(np.float64) - logits.max())
         probs /= probs.sum()
         order = np.argsort(-probs, kind="stable")
         for n in (1, 2, 4, 16):
-            got = top_candidates(logits, n)
+            got = top_candidates(logits, n, reused_mask if row % 2 else None)
             assert got[0][0] == order[0]  # the argmax, as argmax picks among equals
             assert len({t for t, _ in got}) == n  # n distinct tokens...
             expected = probs[order[:n]].tolist()  # ...as probable as the n most probable
