@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgespec.backend import Context
-from edgespec.policy import ModelOrNgram, PassCosts
+from edgespec.policy import Costs, ModelOrNgram, PassCosts
 from edgespec.tree import TokenTree, verification_batch
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -27,6 +27,12 @@ def default_curve(k: int) -> float:
     from edgespec.profile import DEFAULT_RELATIVE, relative_cost
 
     return relative_cost(DEFAULT_RELATIVE, k)
+
+
+def price_passes_with_the_default_curve(engine, monkeypatch) -> None:
+    """See default_curve; what earlier tests' passes measured of SmolLM2 goes too."""
+    monkeypatch.setattr(engine, "relative_cost", default_curve)
+    monkeypatch.setattr(engine, "_pass_costs", PassCosts())
 
 
 def check_greedy(plain_engine, engine, prompt: str, mode: str, n: int = 48, **kw) -> None:
@@ -105,7 +111,7 @@ def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_toke
     if not ngram_rounds:
         monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
     engine = q2_draft_engine
-    monkeypatch.setattr(engine, "relative_cost", default_curve)  # see default_curve
+    price_passes_with_the_default_curve(engine, monkeypatch)
     original = engine._round_tree_mode
     checked = []
 
@@ -148,7 +154,7 @@ def test_on_copied_text_a_model_mode_verifies_the_ngram_proposal_alone_and_draft
     """Where the copy promises more than the draft's rounds make (short ones here, as where a
     draft costs much), the draft rests; the text is the target's either way, and --no-ngram
     leaves the model alone."""
-    monkeypatch.setattr(q2_draft_engine, "relative_cost", default_curve)  # see default_curve
+    price_passes_with_the_default_curve(q2_draft_engine, monkeypatch)
     runs = {
         ngram: check_greedy(
             plain_engine, q2_draft_engine, COPY_PROMPT, mode, n=60, ngram=ngram, **short
@@ -278,8 +284,12 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
 
     monkeypatch.setattr(Engine, "_round_auto", spy)
     again = edgespec.load(smol_path, n_ctx=1024)
+    assert again._pass_costs == learnt
     again.generate(PROMPTS[0], max_tokens=4, mode="auto")
-    assert seen[0] == pytest.approx(learnt.steps)
+    started_from = Costs(again.relative_cost)
+    started_from.start_from(learnt)
+    assert seen[0] == {k: started_from.steps(k) for k in learnt.steps}
+    assert seen[0] != {k: Costs(again.relative_cost).steps(k) for k in learnt.steps}
 
 
 def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
