@@ -301,8 +301,8 @@ class Engine:
                 self.forget_caches()  # the measurement cleared this context
                 measured_now = True
             if role == "target":
-                if measured is not self.profile and measured_now:
-                    self._pass_costs = PassCosts()  # measured against the old curve
+                if measured_now:  # passes learnt before are older than this curve
+                    self._pass_costs = PassCosts()
                 self.profile, self.relative_cost = measured, measured.relative
             else:
                 self.draft_profile = measured

@@ -312,7 +312,7 @@ def load_pass_costs(
 
 
 def save_pass_costs(target: str | Path, n_threads: int, cpus: str, costs: PassCosts) -> None:
-    """Keep for the next run; errors are ignored (see save_auto_memory)."""
+    """Keep for the next run (errors are ignored)."""
     path = _passes_path(Path(target), n_threads, cpus)
     if path is None:
         return
@@ -322,6 +322,12 @@ def save_pass_costs(target: str | Path, n_threads: int, cpus: str, costs: PassCo
         "batch_factor": costs.batch_factor,
         "saved_at": datetime.now(timezone.utc).isoformat(),
     }
+    _write_json_quietly(path, data)
+
+
+def _write_json_quietly(path: Path, data: Mapping[str, Any]) -> None:
+    """Write atomically (a reader sees the old file or the new one); a home that cannot be
+    written is no reason to fail a generation, so errors are ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -384,14 +390,8 @@ def save_auto_memory(
     path = _arms_path(Path(target), Path(draft), n_threads, cpus)
     if path is None:
         return
-    data = {**asdict(memory), "saved_at": datetime.now(timezone.utc).isoformat()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data) + "\n", "utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
+    saved_at = datetime.now(timezone.utc).isoformat()
+    _write_json_quietly(path, {**asdict(memory), "saved_at": saved_at})
 
 
 # --- Measuring ----------------------------------------------------------------------------------

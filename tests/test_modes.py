@@ -292,6 +292,23 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     assert seen[0] != {k: Costs(again.relative_cost).steps(k) for k in learnt.steps}
 
 
+def test_a_profile_measured_on_first_use_supersedes_the_passes_learnt_without_one(
+    smol_path, monkeypatch, tmp_path
+):
+    import edgespec
+    from edgespec.engine import Engine
+    from edgespec.profile import save_pass_costs
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    key = edgespec.load(smol_path, n_ctx=512)._passes_key  # where this engine keeps them
+    save_pass_costs(*key, PassCosts({4: 9.0}, {4: 10}, batch_factor=3.0))
+    engine = edgespec.load(smol_path, n_ctx=512)
+    assert engine._pass_costs.steps == {4: 9.0}  # no profile yet: nothing newer than them
+    engine.profile_if_missing()
+    assert engine.profile is not None and engine._pass_costs == PassCosts()
+    assert Engine(engine.target)._pass_costs == PassCosts()  # nor for the next engine
+
+
 def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
     smol_path, smol_q4_0, monkeypatch, tmp_path
 ):
