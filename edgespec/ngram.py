@@ -8,6 +8,12 @@ continuation and the history's own suffix never matches itself.
 Acceptance is learned online per match length and per position in the proposal, so the engine can
 price a proposal (`expected_accepted`) against the measured cost of verifying it.
 
+Edits copy their source in order: after the target wrote something of its own (a docstring, a
+type hint), the copy resumes where it broke, while the most recent match of a short suffix like
+"):\n    " is often in the text just generated. So a match at most POINTER_WINDOW tokens after the
+last source token a proposal copied correctly comes first (replayed on a bench run's edits: 1.42,
+1.42 and 1.28x plain against 1.34, 1.43 and 1.26 with the most recent match alone).
+
 Edits rename things: where a copy broke because the target wrote other tokens in place of one
 source token and then went on copying, the replacement is remembered, and later proposals copy
 through that token with the replacement in its place (a rename applied everywhere). A replacement
@@ -16,6 +22,7 @@ that is proposed and rejected is forgotten.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +36,8 @@ TRACKED_POSITIONS = 16
 MAX_WATCHED = 16  # proposals waiting for the tokens that judge them
 MAX_REPLACEMENT = 8  # longest replacement of one source token that is learnt
 RESUME = 2  # source tokens that must follow a replacement for it to count as one
+POINTER_WINDOW = 64  # how far past the copy's last source token a match still continues it
+POINTER_MIN_NGRAM = 2  # a single token is too common to say where the copy resumes
 
 
 @dataclass
@@ -61,7 +70,8 @@ class NgramDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest end
+        # n-gram -> the positions right after each of its occurrences, ascending
+        self.index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # history length the index covers
         self._last_token: int | None = None  # tokens[_indexed - 1], to notice a rewritten history
         self._watched: list[_Watched] = []  # see watch()
@@ -69,6 +79,7 @@ class NgramDrafter:
         # Source token -> the tokens the target wrote in its place (see the module's doc).
         self.replacements: dict[int, tuple[int, ...]] = {}
         self._breaks: list[_Break] = []  # copies that broke, waiting to show what replaced what
+        self._pointer: int | None = None  # after the last source token copied and accepted
         # Beta(accepted, rejected) counts per (match length, streak, position in proposal).
         self._stats = {
             (n, streak): [
@@ -88,6 +99,7 @@ class NgramDrafter:
         self._watched.clear()
         self._breaks.clear()
         self.replacements.clear()
+        self._pointer = None
 
     def watch(self, proposal: Proposal, start: int) -> None:
         """Learn from a whole proposal by comparing it with the tokens decided at positions
@@ -110,6 +122,8 @@ class NgramDrafter:
                 _count(stats[min(w.judged, TRACKED_POSITIONS - 1)], accepted=not w.missed)
                 if w.missed:
                     self._copy_broke(tokens, proposal, w.judged, w.start + w.judged)
+                elif not proposal.replaced[w.judged]:
+                    self._pointer = proposal.origins[w.judged] + 1
                 w.judged += 1
             if w.missed or w.judged == len(proposal.tokens):
                 self._streak = not w.missed
@@ -164,25 +178,50 @@ class NgramDrafter:
         # The n-gram ending at position `end - 1` is indexed once tokens[end] exists.
         for end in range(max(self._indexed, 1), n_tokens):
             for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self.index[tuple(map(int, tokens[end - n : end]))] = end
+                self.index.setdefault(tuple(map(int, tokens[end - n : end])), []).append(end)
         self._indexed = n_tokens
         self._last_token = int(tokens[-1]) if n_tokens else None
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Proposal:
-        """Up to max_len tokens that followed the longest, then most recent, match of the suffix."""
+        """Up to max_len tokens that followed the longest match of the suffix continuing the
+        copy (see the module's doc), else the longest, then most recent, match."""
         self.update(tokens)
         self._settle_watched(tokens)
         n_tokens = len(tokens)
         if max_len <= 0:
             return Proposal([], 0, 0.0)
-        for n in range(min(self.max_ngram, n_tokens), self.min_ngram - 1, -1):
-            start = self.index.get(tuple(map(int, tokens[n_tokens - n :])))
-            if start is not None:
-                streak = self._streak
-                proposal = Proposal([], n, self.confidence(n, streak), streak)
-                self._copy(tokens, start, max_len, proposal)
-                return proposal
-        return Proposal([], 0, 0.0)
+        longest = min(self.max_ngram, n_tokens)
+        match = self._continuing_match(tokens, longest) or next(
+            (
+                (n, starts[-1])
+                for n in range(longest, self.min_ngram - 1, -1)
+                if (starts := self.index.get(tuple(map(int, tokens[n_tokens - n :]))))
+            ),
+            None,
+        )
+        if match is None:
+            return Proposal([], 0, 0.0)
+        n, start = match
+        proposal = Proposal([], n, self.confidence(n, self._streak), self._streak)
+        self._copy(tokens, start, max_len, proposal)
+        return proposal
+
+    def _continuing_match(self, tokens: Sequence[int], longest: int) -> tuple[int, int] | None:
+        """(n, start) of the suffix match that starts the copy again nearest after its last
+        correctly copied source token, at most POINTER_WINDOW after it (the longer match among
+        equals): where an edit wrote text of its own, the source goes on right there."""
+        if self._pointer is None:
+            return None
+        n_tokens, best = len(tokens), None
+        for n in range(longest, max(self.min_ngram, POINTER_MIN_NGRAM) - 1, -1):
+            starts = self.index.get(tuple(map(int, tokens[n_tokens - n :])))
+            if not starts:
+                continue
+            i = bisect_left(starts, self._pointer)
+            start = starts[i] if i < len(starts) else None
+            if start is not None and start <= self._pointer + POINTER_WINDOW:
+                best = (n, start) if best is None or start < best[1] else best
+        return best
 
     def _copy(self, tokens: Sequence[int], start: int, max_len: int, proposal: Proposal) -> None:
         """Fill `proposal` with up to max_len tokens copied from position `start` on, each learnt

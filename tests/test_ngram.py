@@ -221,3 +221,19 @@ def test_a_break_after_which_the_source_does_not_resume_teaches_no_replacement()
     history += [70, 71, 72, 73, 74, 75, 76, 77, 78, 2, 3]  # 9 new tokens, then the copy again
     drafter.propose(history, max_len=4)
     assert drafter.replacements == {}
+
+
+def test_after_text_of_its_own_the_copy_resumes_where_it_broke_not_at_the_latest_match():
+    """An edit that adds a docstring after each def line: after the second docstring the latest
+    match of the text's end is in the first function just written ("... ret a"), while the copy
+    of the source goes on in its second function ("... ret b")."""
+    d, f, g, a, b, lp, rp, colon, nl, ret = 10, 11, 18, 13, 19, 12, 14, 15, 16, 17
+    source = [d, f, lp, a, rp, colon, nl, ret, a, nl, d, g, lp, b, rp, colon, nl, ret, b, nl]
+    first = [d, f, lp, a, rp, colon, nl, 30, 31, nl, ret, a, nl]  # 30 31: a docstring
+    second = [d, g, lp, b, rp, colon, nl, 40, 41, nl, ret]  # another one
+    drafter, history = NgramDrafter(), [0, *source]
+    for token in first + second:  # as auto mode does: every proposal is watched
+        drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+        history.append(token)
+    assert drafter.propose(history, max_len=2).tokens == [b, nl]
+    assert NgramDrafter().propose(history, max_len=2).tokens == [a, nl]  # no copy followed
