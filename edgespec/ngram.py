@@ -183,28 +183,29 @@ class NgramDrafter:
         self._last_token = int(tokens[-1]) if n_tokens else None
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Proposal:
-        """Up to max_len tokens that followed the longest match of the suffix continuing the
-        copy (see the module's doc), else the longest, then most recent, match."""
+        """Up to max_len tokens that followed the match of the suffix nearest after where the
+        copy was (see the module's doc), else the longest, then most recent, match."""
         self.update(tokens)
         self._settle_watched(tokens)
         n_tokens = len(tokens)
         if max_len <= 0:
             return Proposal([], 0, 0.0)
         longest = min(self.max_ngram, n_tokens)
-        match = self._continuing_match(tokens, longest) or next(
-            (
-                (n, starts[-1])
-                for n in range(longest, self.min_ngram - 1, -1)
-                if (starts := self.index.get(tuple(map(int, tokens[n_tokens - n :]))))
-            ),
-            None,
-        )
+        match = self._continuing_match(tokens, longest) or self._latest_match(tokens, longest)
         if match is None:
             return Proposal([], 0, 0.0)
         n, start = match
         proposal = Proposal([], n, self.confidence(n, self._streak), self._streak)
         self._copy(tokens, start, max_len, proposal)
         return proposal
+
+    def _latest_match(self, tokens: Sequence[int], longest: int) -> tuple[int, int] | None:
+        """(n, start) of the longest suffix match, at its most recent occurrence."""
+        for n in range(longest, self.min_ngram - 1, -1):
+            starts = self.index.get(tuple(map(int, tokens[len(tokens) - n :])))
+            if starts:
+                return n, starts[-1]
+        return None
 
     def _continuing_match(self, tokens: Sequence[int], longest: int) -> tuple[int, int] | None:
         """(n, start) of the suffix match that starts the copy again nearest after its last
