@@ -463,8 +463,8 @@ class Engine:
                 self._trim_caches(run)
             if run.policy is not None:
                 self._remember_passes(run.costs)
-            if run.policy is not None and self._arms_key:
-                self._remember(run.policy)
+                if self._arms_key:
+                    self._remember(run.policy)
 
     def _remember(self, policy: AutoPolicy) -> None:
         """Keep what auto mode learnt about the draft on this device for the next run."""
