@@ -7,6 +7,7 @@ import random
 import pytest
 
 from edgespec.ngram import NgramDrafter, Proposal
+from edgespec.policy import Costs, best_proposal_length
 
 
 def reference_proposal(
@@ -133,6 +134,23 @@ def test_a_rejection_teaches_nothing_about_the_positions_after_it():
     assert drafter.acceptance(4, 0) > fresh.acceptance(4, 0)
     assert drafter.acceptance(4, 2) < fresh.acceptance(4, 2)
     assert drafter.acceptance(4, 3) == fresh.acceptance(4, 3)
+
+
+def test_a_few_long_copies_teach_the_whole_tail_of_a_proposal():
+    """Positions from the fourth on share one estimate: a proposal copied in full adds a dozen
+    observations to it. With one estimate per position, each prior (0.7 here) gave way one
+    proposal at a time and compounded over fifteen positions: on a device whose passes of 16
+    are its sweet spot (this VM: T(16)/T(1) = 7.7, T(4)/T(1) = 2.45), auto kept verifying
+    3 tokens of copies whose 15-token proposals were right in full two times out of three."""
+    drafter = NgramDrafter()
+    for _ in range(10):
+        drafter.record(ngram=4, proposed=15, accepted=15)
+    assert drafter.acceptance(4, 14) == drafter.acceptance(4, 3) > 0.98
+    curve = {1: 1.0, 4: 2.45, 16: 7.7}
+    costs = Costs(lambda k: curve.get(k, 2.0 * k))  # other sizes: dearer than both
+    costs.step_s.update(0.05)
+    length, _ = best_proposal_length(lambda n: drafter.expected_accepted(4, n), 15, costs)
+    assert length == 15
 
 
 def test_expected_accepted_is_the_sum_of_all_accepted_so_far_probabilities():
