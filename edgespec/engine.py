@@ -31,7 +31,6 @@ from .policy import (
     ModelOrNgram,
     PassCosts,
     best_proposal_length,
-    expected_tokens,
     worth_drafting_on,
 )
 from .profile import (
@@ -596,8 +595,7 @@ class Engine:
         if not proposal.tokens or run.costs.step_s.value is None:
             return 0, None
         length, rate = best_proposal_length(
-            lambda n: run.ngram.expected_accepted(proposal.ngram, n, proposal.streak),
-            len(proposal.tokens),
+            run.ngram.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak),
             run.costs,
         )
         return length, (rate if length else None)
@@ -727,8 +725,7 @@ class Engine:
         ngram_rate, full_proposal = None, proposal.tokens
         if proposal.tokens:
             length, ngram_rate = best_proposal_length(
-                lambda n: run.ngram.expected_accepted(proposal.ngram, n, proposal.streak),
-                len(proposal.tokens),
+                run.ngram.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak),
                 costs,
             )
             proposal.tokens = proposal.tokens[:length]
@@ -783,9 +780,7 @@ class Engine:
             costs.record_draft_step(run.draft_step_s)
         if costs.measured and len(accept_probs) == len(proposed):
             # The drafting is paid for; verify only as far as the tokens pay for their pass.
-            keep, _ = best_proposal_length(
-                lambda n: expected_tokens(accept_probs[:n]) - 1, len(proposed), costs
-            )
+            keep, _ = best_proposal_length(accept_probs, costs)
             proposed = proposed[:keep]
         decided = self._verify_chain(run, proposed, from_draft=True)
         n_ok = len(decided) - 1

@@ -260,11 +260,16 @@ class NgramDrafter:
         """Estimated probability that the first token of a proposal with this match is accepted."""
         return self.acceptance(ngram, 0, streak)
 
+    def acceptances(self, ngram: int, length: int, streak: bool = False) -> list[float]:
+        """acceptance() at positions 0..length-1 (what policy.best_proposal_length prices)."""
+        probs = [c[0] / (c[0] + c[1]) for c in self._position_stats(ngram, streak)[:length]]
+        return probs + probs[-1:] * (length - len(probs))  # the tail shares the last estimate
+
     def expected_accepted(self, ngram: int, length: int, streak: bool = False) -> float:
         """Expected accepted tokens when verifying `length` tokens: Σ_i P(first i all accepted)."""
         expected, all_accepted = 0.0, 1.0
-        for position in range(length):
-            all_accepted *= self.acceptance(ngram, position, streak)
+        for p in self.acceptances(ngram, length, streak):
+            all_accepted *= p
             expected += all_accepted
         return expected
 

@@ -219,10 +219,15 @@ def worth_drafting_on(
     """
     k = len(accept_probs)
     now = chain_rate(accept_probs, costs, k)
-    longer = list(accept_probs)
-    for extra in range(1, horizon + 1):
-        longer.append(next_guess)
-        if chain_rate(longer, costs, k + extra) > now:
+    assert costs.draft_s.value is not None
+    tokens, alive = 1.0, 1.0  # expected_tokens(), built up as the chain grows (every draft step)
+    for p in accept_probs:
+        alive *= p
+        tokens += alive
+    for longer in range(k + 1, k + horizon + 1):
+        alive *= next_guess
+        tokens += alive
+        if tokens / (longer * costs.draft_s.value + costs.verify_s(longer + 1)) > now:
             return True
     return False
 
@@ -241,16 +246,18 @@ def model_draft_ceiling(best_accept: float, costs: Costs, max_len: int = 32) -> 
     return best
 
 
-def best_proposal_length(
-    expected_accepted: Callable[[int], float], max_len: int, costs: Costs
-) -> tuple[int, float]:
-    """How many proposed tokens to verify for the best expected tokens per second, and that
-    rate; length 0 is a plain step. For proposals already paid for: n-gram drafts, which cost
-    nothing to make, or model drafts once drafted (verifying a weak tail costs more than it
-    yields)."""
+def best_proposal_length(accept_probs: Sequence[float], costs: Costs) -> tuple[int, float]:
+    """How many of the proposed tokens to verify for the best expected tokens per second, and
+    that rate; length 0 is a plain step. `accept_probs[i]`: the chance that token i is accepted
+    if all before it were. For proposals already paid for: n-gram drafts, which cost nothing to
+    make, or model drafts once drafted (verifying a weak tail costs more than it yields).
+    Every round asks this, so the expectation is built up as the length grows (one pass)."""
     best_len, best_rate = 0, 1.0 / costs.verify_s(1)
-    for length in range(1, max_len + 1):
-        rate = (1.0 + expected_accepted(length)) / costs.verify_s(length + 1)
+    tokens, all_accepted = 1.0, 1.0  # the target's own token, and P(all so far accepted)
+    for length, p in enumerate(accept_probs, start=1):
+        all_accepted *= p
+        tokens += all_accepted
+        rate = tokens / costs.verify_s(length + 1)
         if rate > best_rate:
             best_len, best_rate = length, rate
     return best_len, best_rate

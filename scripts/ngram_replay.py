@@ -52,9 +52,7 @@ def replay(
         length, rate = 0, 0.0
         if proposal.tokens:
             length, rate = best_proposal_length(
-                lambda n, p=proposal: drafter.expected_accepted(p.ngram, n, p.streak),
-                len(proposal.tokens),
-                costs,
+                drafter.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak), costs
             )
         drafter.watch(proposal, position)
         if oracle:

@@ -149,7 +149,7 @@ def test_a_few_long_copies_teach_the_whole_tail_of_a_proposal():
     curve = {1: 1.0, 4: 2.45, 16: 7.7}
     costs = Costs(lambda k: curve.get(k, 2.0 * k))  # other sizes: dearer than both
     costs.step_s.update(0.05)
-    length, _ = best_proposal_length(lambda n: drafter.expected_accepted(4, n), 15, costs)
+    length, _ = best_proposal_length(drafter.acceptances(4, 15), costs)
     assert length == 15
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -73,6 +74,18 @@ def test_drafting_stops_when_the_next_token_is_unlikely_to_be_accepted():
     assert not worth_drafting_on([0.9, 0.9], 0.05, c)
 
 
+def test_drafting_on_means_some_longer_chain_of_equally_likely_tokens_has_a_higher_rate():
+    """The definition, by brute force over chain_rate, on random chains and costs."""
+    rng = random.Random(7)
+    for _ in range(300):
+        c = costs(step_s=0.03, draft_s=rng.uniform(0.002, 0.03))
+        probs = [rng.random() for _ in range(rng.randint(1, 6))]
+        guess, k = rng.random(), len(probs)
+        longer = [probs + [guess] * extra for extra in range(1, 9)]
+        expected = any(chain_rate(p, c, len(p)) > chain_rate(probs, c, k) for p in longer)
+        assert worth_drafting_on(probs, guess, c) == expected
+
+
 def test_a_draft_as_slow_as_the_target_never_beats_plain_decoding():
     c = costs(step_s=0.03, draft_s=0.03)
     plain_rate = 1 / c.verify_s(1)
@@ -114,12 +127,12 @@ def test_measured_pass_sizes_change_which_proposal_length_is_best():
 
     c = Costs(lambda k: relative_cost(busy_hour, k))
     c.step_s.update(0.05)
-    expected = lambda n: sum(0.85 * 0.9**i for i in range(n))  # noqa: E731  an edit's copy
-    assert best_proposal_length(expected, 8, c)[0] == 5
+    an_edits_copy = [0.85] + [0.9] * 7
+    assert best_proposal_length(an_edits_copy, c)[0] == 5
     for _ in range(10):
         c.record_pass(6, 0.05 * 3.67)
         c.record_pass(4, 0.05 * 2.42)
-    assert best_proposal_length(expected, 8, c)[0] == 3
+    assert best_proposal_length(an_edits_copy, c)[0] == 3
 
 
 def test_what_passes_measured_carries_over_to_the_next_generation():
@@ -147,21 +160,21 @@ def test_pass_costs_are_rewritten_only_when_they_moved():
 
 
 def test_cheaper_batches_than_the_profile_says_make_a_proposal_worth_verifying():
-    expected = lambda n: 0.45 * n  # noqa: E731
+    first_token_right_then_all = [0.45, 1.0, 1.0, 1.0]
     c = costs(step_s=0.03)
-    assert best_proposal_length(expected, 4, c)[0] == 0
+    assert best_proposal_length(first_token_right_then_all, c)[0] == 0
     for _ in range(60):
         c.record_pass(5, 0.7 * c.verify_s(5))
-    assert best_proposal_length(expected, 4, c)[0] > 0
+    assert best_proposal_length(first_token_right_then_all, c)[0] > 0
 
 
 def test_ngram_length_zero_when_proposals_are_rarely_right():
-    length, rate = best_proposal_length(lambda n: 0.05 * n, 8, costs())
+    length, rate = best_proposal_length([0.05] + [1.0] * 7, costs())
     assert length == 0 and rate == pytest.approx(1 / 0.03)
 
 
 def test_ngram_length_grows_with_expected_acceptance_and_uses_the_curve():
-    length, rate = best_proposal_length(lambda n: 0.95 * n, 15, costs())
+    length, rate = best_proposal_length([0.95] + [1.0] * 14, costs())
     assert length >= 7 and rate > 2 / 0.03  # a long, mostly right copy: more than 2x plain
 
 
@@ -279,15 +292,10 @@ def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
 
 def test_a_drafted_chain_is_verified_only_as_far_as_its_tokens_pay_for_their_verification():
     c = costs()  # drafting is paid for: only T(k) counts now
-    probs = [0.98, 0.97, 0.95, 0.1, 0.9]
-
-    def expected_accepted(n: int) -> float:
-        return expected_tokens(probs[:n]) - 1
-
-    length, _ = best_proposal_length(expected_accepted, len(probs), c)
+    length, _ = best_proposal_length([0.98, 0.97, 0.95, 0.1, 0.9], c)
     assert length == 3  # the unlikely 4th token and everything after it are not worth verifying
     unsure = [0.3, 0.9]
-    length, _ = best_proposal_length(lambda n: expected_tokens(unsure[:n]) - 1, 2, c)
+    length, _ = best_proposal_length(unsure, c)
     assert length == 0  # a plain step instead
 
 
