@@ -1,12 +1,13 @@
 """Prompt-lookup drafting: propose what followed the longest recent match of the history's suffix.
 
 Free to compute, so it runs every decode round. The index maps each n-gram (n from min_ngram to
-max_ngram) to the position right after its most recent occurrence, and grows with the history
+max_ngram) to the positions right after its occurrences, and grows with the history
 instead of rescanning it. An n-gram is indexed only once a token follows it, so every hit has a
 continuation and the history's own suffix never matches itself.
 
-Acceptance is learned online per match length and per position in the proposal, so the engine can
-price a proposal (`expected_accepted`) against the measured cost of verifying it.
+Acceptance is learned online per match length and per position in the proposal (the first three
+apart, the rest together), so the engine can price a proposal (`acceptances`) against the
+measured cost of verifying it.
 
 Edits copy their source in order: after the target wrote something of its own (a docstring, a
 type hint), the copy resumes where it broke, while the most recent match of a short suffix like
