@@ -32,6 +32,7 @@ from .policy import (
     PassCosts,
     best_proposal_length,
     worth_drafting_on,
+    worth_growing,
 )
 from .profile import (
     DEFAULT_RELATIVE,
@@ -816,8 +817,14 @@ class Engine:
         # Greedy: each evaluated node's draft argmax and its probability, for the calibrator.
         argmax_of: dict[int, tuple[int, float]] = {}
         q_rows = self._draft_rows(cfg.max_nodes) if not params.greedy else self._q_rows
+        # Calibrated confidences are chances of acceptance: the round can be priced.
+        priced = params.greedy and cfg.calibrated
+        evals = 0
         t0 = time.perf_counter()
         while (cause := verify_cause(tree, run.alpha, trigger)) is None:
+            if priced and evals and not self._tree_worth_growing(run, tree, evals):
+                cause = "cost"
+                break
             branch = scheduler.pick(tree)
             if branch is None:
                 cause = "end"
@@ -829,6 +836,7 @@ class Engine:
             else:
                 logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
             stats.draft_evals += 1
+            evals += 1
             node = tree.branches[branch].leaf
             if params.greedy:
                 candidates = top_candidates(logits[-1], cfg.max_branches, self._near_mask)
@@ -854,7 +862,10 @@ class Engine:
             )
             for copy in copies:
                 draft_ctx.seq_cp(copy.src_seq_id, copy.seq_id, 0, root_pos + copy.until_depth)
-        stats.draft_s += time.perf_counter() - t0
+        drafting_s = time.perf_counter() - t0
+        stats.draft_s += drafting_s
+        if evals:
+            run.costs.record_draft_step(drafting_s / evals)
 
         batch_tokens, depths, seq_ids = verification_batch(tree)
         for seq in range(1, len(tree.branches)):  # every branch sees the committed prefix
@@ -902,6 +913,21 @@ class Engine:
             run.draft_cached = root_pos + len(in_draft)
             self._keep_branch(draft_ctx, kept, run.draft_cached)
         return [*accepted.tokens, accepted.bonus]
+
+    @staticmethod
+    def _tree_worth_growing(run: _Run, tree: TokenTree, draft_evals: int) -> bool:
+        """Whether drafting on is expected to raise the round's rate (policy.worth_growing; yes
+        until a step and a draft step are timed). Verified now, the tree yields the target's
+        token plus each node's chance of being accepted; the next evaluation extends the most
+        confident open branch. Where batches are dear (this VM: a pass of 16 costs 7.7 steps,
+        a draft step 0.3) the tree stops about where a chain would; where they are cheap it
+        grows until LLMCad's confidence threshold or the budget stops it."""
+        if not run.costs.measured:
+            return True
+        tokens = 1.0 + sum(node.confidence for node in tree.nodes[1:])
+        leaf = max((tree.leaf(b) for b in tree.open_branches()), key=lambda n: n.confidence)
+        verified = len(tree.nodes)
+        return worth_growing(tokens, verified, draft_evals, leaf.confidence, leaf.prob, run.costs)
 
     def _graft_ngram(self, run: _Run, tree: TokenTree, ngram: Proposal, max_depth: int) -> None:
         """Graft the n-gram proposal's tokens whose chance of being reached stays above alpha:

@@ -211,23 +211,40 @@ def chain_rate(accept_probs: Sequence[float], costs: Costs, draft_evals: int) ->
 def worth_drafting_on(
     accept_probs: list[float], next_guess: float, costs: Costs, horizon: int = 8
 ) -> bool:
-    """Whether drafting more raises the expected rate (dynamic draft length).
-
-    Looks several tokens ahead, each as likely as `next_guess`: the cost curve is not smooth (a
-    batch of 4 or 8 verifies relatively cheaply here), so one more token can look bad where
-    a few more are good.
-    """
-    k = len(accept_probs)
-    now = chain_rate(accept_probs, costs, k)
-    assert costs.draft_s.value is not None
-    tokens, alive = 1.0, 1.0  # expected_tokens(), built up as the chain grows (every draft step)
+    """Whether drafting more raises the expected rate (dynamic draft length): a chain is a tree
+    of one branch (worth_growing)."""
+    reach = 1.0
     for p in accept_probs:
-        alive *= p
-        tokens += alive
-    for longer in range(k + 1, k + horizon + 1):
-        alive *= next_guess
-        tokens += alive
-        if tokens / (longer * costs.draft_s.value + costs.verify_s(longer + 1)) > now:
+        reach *= p
+    k = len(accept_probs)
+    tokens = expected_tokens(accept_probs)
+    return worth_growing(tokens, k + 1, k, reach, next_guess, costs, horizon)
+
+
+def worth_growing(
+    tokens: float,
+    verified: int,
+    draft_evals: int,
+    reach: float,
+    next_guess: float,
+    costs: Costs,
+    horizon: int = 8,
+) -> bool:
+    """Whether more draft evaluations raise the expected rate of a round that would, verified
+    now, yield `tokens` (the target's own plus each drafted token's chance of being accepted)
+    for a pass of `verified` tokens after `draft_evals` draft steps. Each further evaluation adds
+    one token to the branch being extended, whose leaf is reached with chance `reach`, each as
+    likely as `next_guess`. Looks several tokens ahead: the cost curve is not smooth (a batch of
+    4 or 16 verifies relatively cheaply here), so one more token can look bad where a few more
+    are good.
+    """
+    assert costs.draft_s.value is not None
+    draft_s = costs.draft_s.value
+    now = tokens / (draft_evals * draft_s + costs.verify_s(verified))
+    for extra in range(1, horizon + 1):
+        reach *= next_guess
+        tokens += reach
+        if tokens / ((draft_evals + extra) * draft_s + costs.verify_s(verified + extra)) > now:
             return True
     return False
 

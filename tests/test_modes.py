@@ -35,6 +35,13 @@ def price_passes_with_the_default_curve(engine, monkeypatch) -> None:
     monkeypatch.setattr(engine, "_pass_costs", PassCosts())
 
 
+def grow_trees_by_llmcads_triggers_alone(engine, monkeypatch) -> None:
+    """Trees grown until LLMCad's confidence threshold or the budget stops them, not the round's
+    price: SmolLM2's draft costs about a target step, so priced rounds stop after a draft step or
+    two, and the tests that call this are about what larger trees do."""
+    monkeypatch.setattr(engine, "_tree_worth_growing", lambda run, tree, evals: True)
+
+
 def check_greedy(plain_engine, engine, prompt: str, mode: str, n: int = 48, **kw) -> None:
     plain = plain_engine.generate(prompt, max_tokens=n, mode="target")
     spec = engine.generate(prompt, max_tokens=n, mode=mode, **kw)
@@ -112,6 +119,7 @@ def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_toke
         monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
     engine = q2_draft_engine
     price_passes_with_the_default_curve(engine, monkeypatch)
+    grow_trees_by_llmcads_triggers_alone(engine, monkeypatch)
     original = engine._round_tree_mode
     checked = []
 
@@ -194,11 +202,12 @@ def test_the_ngram_branch_carries_copied_text_without_changing_it(
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_that_is_right(
-    plain_engine, self_draft_engine, prompt
+    plain_engine, self_draft_engine, prompt, monkeypatch
 ):
     """With the target as its own draft every argmax is accepted, however unsure the draft was:
     the calibrated tree learns that and grows the winning line, where LLMCad's rule on the raw
     probabilities keeps drafting side branches that never win. Both stay lossless."""
+    grow_trees_by_llmcads_triggers_alone(self_draft_engine, monkeypatch)
     runs = {
         calibrated: check_greedy(
             plain_engine, self_draft_engine, prompt, "tree", n=64, branch_p=0.1,
@@ -210,6 +219,23 @@ def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_th
     assert per_eval[True] > per_eval[False]
     assert runs[True].tree.nodes / runs[True].tree.trees > 0  # it still drafted trees
     assert runs[False].tree.max_branches > 1  # the raw rule did branch
+
+
+def test_a_tree_is_verified_once_one_more_draft_step_would_lower_the_rounds_rate(
+    plain_engine, q2_draft_engine, monkeypatch
+):
+    """SmolLM2's Q2_K copy costs most of a target step a draft step: priced with a CPU's curve,
+    drafting on rarely pays, so trees are verified for their price ("cost") after fewer draft
+    steps than LLMCad's triggers alone spend, and the text stays the target's."""
+    engine = q2_draft_engine
+    price_passes_with_the_default_curve(engine, monkeypatch)
+    options = {"ngram": False, "alpha0": 0.01, "adaptive_alpha": False}
+    priced = check_greedy(plain_engine, engine, PROMPTS[1], "tree", n=48, **options).stats
+    grow_trees_by_llmcads_triggers_alone(engine, monkeypatch)
+    unpriced = engine.generate(PROMPTS[1], max_tokens=48, mode="tree", **options).stats
+    assert priced.tree.triggers.get("cost", 0) > 0 and "cost" not in unpriced.tree.triggers
+    per_pass = [s.draft_evals / s.target_passes for s in (priced, unpriced)]
+    assert per_pass[0] < per_pass[1]
 
 
 @pytest.mark.parametrize("adaptive", [True, False])

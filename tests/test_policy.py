@@ -22,6 +22,7 @@ from edgespec.policy import (
     expected_tokens,
     model_draft_ceiling,
     worth_drafting_on,
+    worth_growing,
 )
 
 # A CPU like this one: verifying k tokens costs about half a step per extra token.
@@ -84,6 +85,25 @@ def test_drafting_on_means_some_longer_chain_of_equally_likely_tokens_has_a_high
         longer = [probs + [guess] * extra for extra in range(1, 9)]
         expected = any(chain_rate(p, c, len(p)) > chain_rate(probs, c, k) for p in longer)
         assert worth_drafting_on(probs, guess, c) == expected
+
+
+def test_a_tree_grows_on_where_batches_are_cheap_and_stops_where_they_are_dear():
+    """Verified now: the target's token, a branch of two likely tokens and one side token
+    (1 + 0.9 + 0.81 + 0.3 expected tokens, a pass of 4, 2 draft steps); drafting on extends
+    the branch with tokens as likely as its last."""
+    tree_now = {"tokens": 1 + 0.9 + 0.81 + 0.3, "verified": 4, "draft_evals": 2}
+    flat = Costs(lambda k: 1 + 0.02 * (k - 1))  # a phone's big cores, say
+    flat.step_s.update(0.05)
+    flat.draft_s.update(0.005)
+    from edgespec.profile import relative_cost
+
+    this_vm = {1: 1.0, 2: 1.59, 4: 2.45, 6: 3.67, 8: 5.88, 12: 7.41, 16: 7.69}
+    dear = Costs(lambda k: relative_cost(this_vm, k))
+    dear.step_s.update(0.05)
+    dear.draft_s.update(0.015)
+    assert worth_growing(**tree_now, reach=0.81, next_guess=0.9, costs=flat)
+    assert not worth_growing(**tree_now, reach=0.81, next_guess=0.9, costs=dear)
+    assert not worth_growing(**tree_now, reach=0.81, next_guess=0.05, costs=flat)
 
 
 def test_a_draft_as_slow_as_the_target_never_beats_plain_decoding():
