@@ -266,14 +266,6 @@ class NgramDrafter:
         probs = [c[0] / (c[0] + c[1]) for c in self._position_stats(ngram, streak)[:length]]
         return probs + probs[-1:] * (length - len(probs))  # the tail shares the last estimate
 
-    def expected_accepted(self, ngram: int, length: int, streak: bool = False) -> float:
-        """Expected accepted tokens when verifying `length` tokens: Σ_i P(first i all accepted)."""
-        expected, all_accepted = 0.0, 1.0
-        for p in self.acceptances(ngram, length, streak):
-            all_accepted *= p
-            expected += all_accepted
-        return expected
-
     def record(self, ngram: int, proposed: int, accepted: int, streak: bool = False) -> None:
         """Learn from a verified proposal whose first `accepted` of `proposed` tokens were kept."""
         if ngram <= 0 or proposed <= 0:

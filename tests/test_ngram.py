@@ -7,7 +7,7 @@ import random
 import pytest
 
 from edgespec.ngram import NgramDrafter, Proposal
-from edgespec.policy import Costs, best_proposal_length
+from edgespec.policy import Costs, best_proposal_length, expected_tokens
 
 
 def reference_proposal(
@@ -112,16 +112,21 @@ def test_priors_trust_long_matches_more_than_short_ones():
     assert confidences[0] < 0.4
 
 
+def expected_accepted(drafter: NgramDrafter, ngram: int, length: int) -> float:
+    """Accepted tokens a proposal of this length is expected to yield."""
+    return expected_tokens(drafter.acceptances(ngram, length)) - 1
+
+
 def test_confidence_and_expected_accepted_rise_after_good_rounds_and_fall_after_bad():
     good, bad = NgramDrafter(), NgramDrafter()
-    before = (good.confidence(3), good.expected_accepted(3, 6))
+    before = (good.confidence(3), expected_accepted(good, 3, 6))
     for _ in range(30):
         good.record(ngram=3, proposed=6, accepted=6)
         bad.record(ngram=3, proposed=6, accepted=0)
     assert good.confidence(3) > before[0] > bad.confidence(3)
-    assert good.expected_accepted(3, 6) > before[1] > bad.expected_accepted(3, 6)
-    assert good.expected_accepted(3, 6) > 4.0
-    assert bad.expected_accepted(3, 6) < 0.5
+    assert expected_accepted(good, 3, 6) > before[1] > expected_accepted(bad, 3, 6)
+    assert expected_accepted(good, 3, 6) > 4.0
+    assert expected_accepted(bad, 3, 6) < 0.5
     # Other match lengths keep their own statistics.
     assert NgramDrafter().confidence(2) == good.confidence(2) == bad.confidence(2)
 
@@ -153,13 +158,13 @@ def test_a_few_long_copies_teach_the_whole_tail_of_a_proposal():
     assert length == 15
 
 
-def test_expected_accepted_is_the_sum_of_all_accepted_so_far_probabilities():
+def test_acceptances_give_each_positions_chance_and_the_tail_shares_one():
     drafter = NgramDrafter()
-    p = [drafter.acceptance(4, i) for i in range(3)]
-    expected = p[0] + p[0] * p[1] + p[0] * p[1] * p[2]
-    assert drafter.expected_accepted(4, 3) == pytest.approx(expected)
-    assert drafter.expected_accepted(4, 0) == 0.0
-    assert drafter.expected_accepted(4, 3) < drafter.expected_accepted(4, 4)
+    drafter.record(ngram=4, proposed=8, accepted=5)
+    assert drafter.acceptances(4, 8) == [drafter.acceptance(4, i) for i in range(8)]
+    assert drafter.acceptances(4, 2) == [drafter.acceptance(4, 0), drafter.acceptance(4, 1)]
+    assert drafter.acceptances(4, 0) == []
+    assert len(set(drafter.acceptances(4, 16)[3:])) == 1
 
 
 def test_a_proposal_carries_the_confidence_of_its_match_length():
