@@ -201,23 +201,16 @@ def expected_tokens(accept_probs: Sequence[float]) -> float:
     return total
 
 
-def chain_rate(accept_probs: Sequence[float], costs: Costs, draft_evals: int) -> float:
-    """Expected tokens per second if the drafted chain were verified now."""
-    assert costs.draft_s.value is not None
-    seconds = draft_evals * costs.draft_s.value + costs.verify_s(len(accept_probs) + 1)
-    return expected_tokens(accept_probs) / seconds
-
-
 def worth_drafting_on(
     accept_probs: list[float], next_guess: float, costs: Costs, horizon: int = 8
 ) -> bool:
     """Whether drafting more raises the expected rate (dynamic draft length): a chain is a tree
     of one branch (worth_growing)."""
-    reach = 1.0
+    tokens, reach = 1.0, 1.0  # expected_tokens(accept_probs), and the last token's reach
     for p in accept_probs:
         reach *= p
+        tokens += reach
     k = len(accept_probs)
-    tokens = expected_tokens(accept_probs)
     return worth_growing(tokens, k + 1, k, reach, next_guess, costs, horizon)
 
 

@@ -18,7 +18,6 @@ from edgespec.policy import (
     ModelOrNgram,
     PassCosts,
     best_proposal_length,
-    chain_rate,
     expected_tokens,
     model_draft_ceiling,
     worth_drafting_on,
@@ -33,6 +32,12 @@ def relative(k: int) -> float:
     from edgespec.profile import relative_cost
 
     return relative_cost(CPU_CURVE, k)
+
+
+def chain_rate(accept_probs: list[float], costs: Costs, draft_evals: int) -> float:
+    """The definition: expected tokens per second if the drafted chain were verified now."""
+    seconds = draft_evals * costs.draft_s.value + costs.verify_s(len(accept_probs) + 1)
+    return expected_tokens(accept_probs) / seconds
 
 
 def costs(step_s: float = 0.03, draft_s: float | None = 0.005) -> Costs:
