@@ -196,6 +196,8 @@ class _Run:
     # learnt from every verification of this generation (auto's policy shares it).
     calibrator: Calibrator = field(default_factory=Calibrator)
     draft_step_s: float = 0.0  # one draft evaluation in the last drafted chain, catching up aside
+    catch_up_s: float = 0.0  # what catching the draft up cost in the last round that drafted
+    last_choice: str = ""  # auto: what drafted the last round ("plain", "ngram", "chain"...)
 
 
 def _default_curve(k: int) -> float:
@@ -624,15 +626,12 @@ class Engine:
             return proposed, confidences
         q_rows = self._draft_rows(k) if not params.greedy else self._q_rows
         t_start = time.perf_counter()
-        feed, pos = run.tokens[run.draft_cached :], run.draft_cached
-        if len(feed) > 1:  # tokens decided without the draft (auto's plain rounds): one batch
-            draft_ctx.decode(feed[:-1], pos, logits="none")
-            pos += len(feed) - 1
-            feed = feed[-1:]
-        t_steps = time.perf_counter()
+        row = self._draft_root(run)
+        pos = run.draft_cached
         for i in range(k):
-            row = draft_ctx.decode(feed, pos)[-1]
-            pos += len(feed)
+            if i:
+                row = draft_ctx.decode(proposed[-1:], pos)[-1]
+                pos += 1
             if params.greedy and keep_going is None:
                 token = int(row.argmax())
             elif params.greedy:
@@ -646,14 +645,26 @@ class Engine:
             proposed.append(token)
             if draft.is_eog(token) or (keep_going is not None and not keep_going(confidences)):
                 break
-            feed = [token]
         run.draft_cached = pos
         t_end = time.perf_counter()
         run.stats.draft_s += t_end - t_start
         run.stats.draft_evals += len(proposed)
         if proposed:
-            run.draft_step_s = (t_end - t_steps) / len(proposed)
+            run.draft_step_s = (t_end - t_start - run.catch_up_s) / len(proposed)
         return proposed, confidences
+
+    def _draft_root(self, run: _Run) -> np.ndarray:
+        """The draft's logits after the root (the last committed token), with the committed
+        tokens it has not evaluated yet in the same batch: those decided without it (auto's
+        plain and n-gram rounds) or a chain's last accepted token. Their share of the batch's
+        time, priced per token, is kept as `run.catch_up_s`."""
+        assert self.draft_ctx is not None
+        feed = run.tokens[run.draft_cached :]
+        t0 = time.perf_counter()
+        row = self.draft_ctx.decode(feed, run.draft_cached)[-1]
+        run.catch_up_s = (time.perf_counter() - t0) * (len(feed) - 1) / len(feed)
+        run.draft_cached = len(run.tokens)
+        return row
 
     def _verify_chain(self, run: _Run, proposed: list[int], from_draft: bool) -> list[int]:
         """One target pass over the root and `proposed`; returns the tokens the target decided.
@@ -745,9 +756,16 @@ class Engine:
         else:
             decided = self._round_target(run, room)
             costs.step_s.update(time.perf_counter() - t0)
+            run.last_choice = choice
             return decided
+        seconds = time.perf_counter() - t0
         if choice in ("chain", "tree"):
-            policy.record_arm(choice, len(decided), time.perf_counter() - t0)
+            # Catching up on what other rounds decided is the probe's price (see choose), not
+            # the arm's: on a 100-token prompt it alone made a first chain round lose here.
+            if run.last_choice != choice:
+                seconds -= run.catch_up_s
+            policy.record_arm(choice, len(decided), seconds)
+        run.last_choice = choice
         return decided
 
     def _catch_up_s(self, run: _Run) -> float:
@@ -830,23 +848,22 @@ class Engine:
                 cause = "end"
                 break
             leaf = tree.leaf(branch)
-            if leaf.parent == -1:  # the root: catch the draft up on committed tokens first
-                logits = draft_ctx.decode(tokens[run.draft_cached :], run.draft_cached)
-                run.draft_cached = len(tokens)
+            if leaf.parent == -1:  # the root, with what the draft has not seen of the text
+                row = self._draft_root(run)
             else:
-                logits = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])
+                row = draft_ctx.decode([leaf.token], root_pos + leaf.depth, seq_ids=[[branch]])[-1]
             stats.draft_evals += 1
             evals += 1
             node = tree.branches[branch].leaf
             if params.greedy:
-                candidates = top_candidates(logits[-1], cfg.max_branches, self._near_mask)
+                candidates = top_candidates(row, cfg.max_branches, self._near_mask)
                 argmax_of[node] = candidates[0]
                 p_top = candidates[0][1]
                 chance = run.calibrator.predict(p_top) if cfg.calibrated else None
                 children = branch_children(candidates, cfg.branch_p, chance)
             else:
                 probs = q_rows[node]
-                probs[:] = probs_from_logits(logits[-1], params)
+                probs[:] = probs_from_logits(row, params)
                 # As many draws as the draft has likely candidates, decided before drawing: the
                 # count may depend on q, never on the draws themselves.
                 room_for = cfg.max_branches - len(tree.branches) + 1

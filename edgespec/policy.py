@@ -9,17 +9,23 @@ no clock: the engine feeds measurements in, so the policy is testable with made-
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
 # Model drafts are tried only where their ceiling (a best case: every chain at the length that
 # suits the device, every token as sure as the surest) beats plain decoding by this much. Real
-# chains reach a fraction of it: on 2026-11-23 here the ceiling was 1.13 and the best chain made
-# 0.89x plain on code (0.79 of it), and a first try costs catching the draft up on the whole
-# prompt (1.5-2 s on a 400-token edit). Below 1/0.79 the tries can only lose.
+# chains reach a fraction of it, and a first try costs catching the draft up on the whole prompt
+# (0.1-0.2 s on a 60-token prompt, 0.5-1 s on a 400-token edit on a Zen 5 here). There, on
+# 2026-11-24, this ceiling was 0.96-1.09 and chains made 1.10x plain on code but 0.80 on chat.
+# Priced with the draft's 0.999-sure tokens instead, it was 1.44-1.61, and auto trying its arms
+# wherever that passed lost (edits 1.76 -> 1.56x, summaries 1.19 -> 0.99, a chat prompt 1.01 ->
+# 0.90, code unchanged); trying them only while the target was sure of its tokens (a mean top
+# probability of 0.9 or more: 0.92-0.95 over code answers, 0.72-0.76 over chat ones) lost less
+# and gained nothing on code (0.97 against 0.99).
 CEILING_MARGIN = 1.25
-SUREST = 0.95  # the draft's surest tokens: the calibrator's top bin (confidence 0.9 to 1)
+SUREST = 0.95  # the draft's surest tokens, as this gate has been tuned on (see above)
 # A measured pass cost follows new passes of its size this fast: the load moves within minutes.
 PASS_WEIGHT = 0.2
 # It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
@@ -27,6 +33,9 @@ PASS_WEIGHT = 0.2
 PASS_PRIOR = 3
 MAX_SEEN = 10
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
+# A try of a model arm spans this many of its rounds and is judged on their sum: one chain round
+# is a gamble (here they yielded 1 to 16 tokens on the same code), so one round alone says little.
+TRY_ROUNDS = 4
 # A probe first catches the draft up on every token decided without it: 2-4 s on a long chat or
 # edit here, where a probe was meant to cost about a step. It waits until that is at most this
 # share of the time since the arm's last try, and of the time the answer has left: a probe that
@@ -53,17 +62,20 @@ class Calibrator:
     EAGLE-2 observed that draft confidence predicts acceptance well; the mapping differs per model
     pair and task, so it is learned online in confidence bins, starting from "acceptance =
     confidence" with the weight of a few observations (so an untrained calibrator changes nothing).
+    The bins narrow towards certainty, where a chain's length is decided: where a pass of 16 is
+    the sweet spot (T(16)/T(1) 5.3 on a Zen 5 here), 15 drafted tokens pay only if each is right
+    with 0.97 or more, so tokens the draft is 0.91 and 0.999 sure of must not share an estimate.
     """
 
-    BINS = 10
+    EDGES: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998)
 
     def __init__(self, prior_weight: float = 4.0):
         self.prior_weight = prior_weight
-        self.hits = [0.0] * self.BINS
-        self.seen = [0.0] * self.BINS
+        self.hits = [0.0] * (len(self.EDGES) + 1)
+        self.seen = [0.0] * (len(self.EDGES) + 1)
 
     def _bin(self, confidence: float) -> int:
-        return min(int(confidence * self.BINS), self.BINS - 1)
+        return bisect_right(self.EDGES, confidence)
 
     def predict(self, confidence: float) -> float:
         b = self._bin(confidence)
@@ -314,10 +326,28 @@ class Arm:
     """
 
     name: str
-    rate: Ema = field(default_factory=lambda: Ema(weight=0.3))  # tokens per second, measured
+    # Tokens and seconds of its rounds, averaged apart (as ModelOrNgram's): a mean of round
+    # rates would make a chain of 17 tokens in 318 ms and one of 1 in 40 ms look like 39 tok/s
+    # where they made 50 (seen here on code, where plain decoding made 41).
+    tokens: Ema = field(default_factory=lambda: Ema(weight=0.3))
+    seconds: Ema = field(default_factory=lambda: Ema(weight=0.3))
     probe_every: int = FIRST_PROBE_EVERY  # rounds between tries; doubles per failed try
     since_try: int = 0
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
+    trying: int = 0  # rounds of the current try still to come
+    try_tokens: int = 0  # what the current try's rounds made so far
+    try_seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second of its recent rounds; 0 before any."""
+        if self.seconds.value is None:
+            return 0.0
+        return self.tokens.value / self.seconds.value
+
+    def start_try(self) -> str:
+        self.trying, self.try_tokens, self.try_seconds = TRY_ROUNDS, 0, 0.0
+        return self.name
 
     @classmethod
     def remembered(cls, name: str, probe_every: int) -> Arm:
@@ -365,34 +395,50 @@ class AutoPolicy:
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
-        if ngram_rate is not None and ngram_rate > plain * MARGIN:
+        can_pay = self.models_can_pay()  # if not, not even at its best: drafting only costs
+        best = max(self.arms, key=lambda a: a.rate, default=None) if can_pay else None
+        in_use = best is not None and best.rate > plain * MARGIN
+        # The n-gram's free proposal against what the round would otherwise make.
+        rival = best.rate if in_use and best is not None else plain
+        if ngram_rate is not None and ngram_rate > rival * MARGIN:
             return "ngram"
-        if not self.models_can_pay():  # not even at its best: drafting would only cost time
+        if not can_pay:
             return "plain"
-        untried = [a for a in self.arms if not a.tried]
-        if untried:
-            return untried[0].name
-        best = max(self.arms, key=lambda a: a.rate.value or 0.0, default=None)
-        if best is not None and (best.rate.value or 0.0) > plain * MARGIN:
-            return best.name
+        trying = next((a for a in self.arms if a.trying), None)
+        if trying is not None:
+            return trying.name
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
+        untried = [a for a in self.arms if not a.tried]
+        if untried:
+            return untried[0].start_try()
+        if in_use and best is not None:
+            return best.name
         due = [
             a
             for a in self.arms
             if a.since_try >= a.probe_every and catch_up_s <= PROBE_SHARE * a.since_try * step_s
         ]
-        return due[0].name if due else "plain"
+        return due[0].start_try() if due else "plain"
 
     def record_arm(self, name: str, tokens: int, seconds: float) -> None:
+        """A round of arm `name` made `tokens` in `seconds` (catching the draft up aside: the
+        probes' schedule pays for that)."""
         arm = next(a for a in self.arms if a.name == name)
         arm.since_try, arm.tried = 0, True
-        this_round = tokens / seconds
-        arm.rate.update(this_round)
-        # Judged on this round alone: one good probe brings the next try close, so a text that
-        # turns predictable is noticed within a few rounds; failures space the probes out.
-        if this_round > self.plain_rate() * MARGIN:
+        if arm.trying:  # judged once the try's rounds are done, on their sum
+            arm.try_tokens += tokens
+            arm.try_seconds += seconds
+            arm.trying -= 1
+            if arm.trying:
+                return
+            tokens, seconds = arm.try_tokens, arm.try_seconds
+        arm.tokens.update(tokens)
+        arm.seconds.update(seconds)
+        # One good try brings the next close, so a text that turns predictable is noticed
+        # within a few rounds; failures space the tries out.
+        if tokens / seconds > self.plain_rate() * MARGIN:
             arm.probe_every = FIRST_PROBE_EVERY
         else:
             arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)

@@ -418,7 +418,9 @@ def measure_profile(
         cpus=cpus if cpus is not None else current_cpus(),
         ks=list(curve),
         seconds=list(curve.values()),
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # To the microsecond, as the passes learnt are stamped: a quick profile on a fast CPU
+        # ends within the second in which the passes it supersedes were saved.
+        measured_at=datetime.now(timezone.utc).isoformat(),
         noise=round(noise(times), 4),
     )
 

@@ -252,7 +252,10 @@ def test_alpha_moves_after_verifications_only_when_adaptive(q2_draft_engine, ada
 
 
 def test_tree_statistics_describe_the_trees(q2_draft_engine):
-    stats = q2_draft_engine.generate(PROMPTS[1], max_tokens=60, mode="tree", branch_p=0.1).stats
+    # Without n-gram rounds, which verify proposals outside any tree (when they promise more).
+    stats = q2_draft_engine.generate(
+        PROMPTS[1], max_tokens=60, mode="tree", branch_p=0.1, ngram=False
+    ).stats
     tree = stats.tree.to_dict()
     assert tree["trees"] == sum(stats.tree.triggers.values()) == sum(tree["winner_rank_hist"])
     assert 1 <= tree["max_branches"] <= 4
@@ -437,6 +440,34 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
         draft_evals[max_tokens] = stream.result.stats.draft_evals
     assert draft_evals[8] == 0
     assert draft_evals[1500] > 0
+
+
+def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_prompt(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """The draft has not seen a 600-token prompt: evaluating it once is the try's price (the
+    probes' schedule weighs it), not the arm's rate, or every first chain round would lose."""
+    import edgespec
+    from edgespec.policy import AutoPolicy
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    prompt = list(range(1000, 1600))  # distinct tokens: no n-gram proposal to take instead
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=2048)
+    flat_device(engine, draft_cost=1e-4)  # a draft this cheap is tried at once
+    rounds: list[tuple[str, float]] = []
+    record_arm = AutoPolicy.record_arm
+
+    def recording(policy: AutoPolicy, name: str, tokens: int, seconds: float) -> None:
+        rounds.append((name, seconds))
+        record_arm(policy, name, tokens, seconds)
+
+    monkeypatch.setattr(AutoPolicy, "record_arm", recording)
+    draft_before = engine.draft_ctx.decode_s
+    stats = engine.generate(prompt, max_tokens=6, mode="auto").stats
+    assert rounds and rounds[0][0] == "chain" and stats.n_generated == 6
+    catching_up = engine.draft_ctx.decode_s - draft_before
+    # The draft's time went mostly into the prompt; the first round was charged far less.
+    assert rounds[0][1] < 0.5 * catching_up
 
 
 def test_a_generation_that_timed_no_draft_step_does_not_remember_a_draft_cost(
