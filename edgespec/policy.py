@@ -25,7 +25,9 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 # probability of 0.9 or more: 0.92-0.95 over code answers, 0.72-0.76 over chat ones) lost less
 # and gained nothing on code (0.97 against 0.99).
 CEILING_MARGIN = 1.25
-SUREST = 0.95  # the draft's surest tokens, as this gate has been tuned on (see above)
+# The ceiling's tokens are as likely to be accepted as those the draft is this sure of (learnt in
+# the calibrator's bin 0.95-0.98), the setting it was tuned with (see above).
+SUREST = 0.95
 # A measured pass cost follows new passes of its size this fast: the load moves within minutes.
 PASS_WEIGHT = 0.2
 # It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
@@ -375,8 +377,8 @@ class AutoPolicy:
         return 1.0 / self.costs.verify_s(1)
 
     def model_ceiling(self) -> float | None:
-        """`model_draft_ceiling` at the calibrated acceptance of the draft's surest tokens; None
-        while the draft's cost is unknown."""
+        """`model_draft_ceiling` at the calibrated acceptance of tokens the draft is SUREST sure
+        of; None while the draft's cost is unknown."""
         if self.costs.draft_s.value is None:
             return None
         return model_draft_ceiling(self.calibrator.predict(SUREST), self.costs)
