@@ -744,6 +744,7 @@ class Engine:
         rounds_left = self._tokens_left(run)
         choice = policy.choose(ngram_rate, self._catch_up_s(run), rounds_left)
         run.stats.record_choice(choice)
+        run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
         if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
             run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
         if choice == "ngram":
