@@ -15,18 +15,17 @@ from dataclasses import dataclass, field
 
 MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
 # Model drafts are tried only where their ceiling (a best case: every chain at the length that
-# suits the device, every token as sure as the surest) beats plain decoding by this much. Real
-# chains reach a fraction of it, and a first try costs catching the draft up on the whole prompt
-# (0.1-0.2 s on a 60-token prompt, 0.5-1 s on a 400-token edit on a Zen 5 here). There, on
-# 2026-11-24, this ceiling was 0.96-1.09 and chains made 1.10x plain on code but 0.80 on chat.
-# Priced with the draft's 0.999-sure tokens instead, it was 1.44-1.61, and auto trying its arms
-# wherever that passed lost (edits 1.76 -> 1.56x, summaries 1.19 -> 0.99, a chat prompt 1.01 ->
-# 0.90, code unchanged); trying them only while the target was sure of its tokens (a mean top
-# probability of 0.9 or more: 0.92-0.95 over code answers, 0.72-0.76 over chat ones) lost less
-# and gained nothing on code (0.97 against 0.99).
+# suits the device, every token as sure as the surest) beats plain decoding by this much: where
+# it does not, a try only costs (catching the draft up on the whole prompt, then losing rounds).
 CEILING_MARGIN = 1.25
 # The ceiling's tokens are as likely to be accepted as those the draft is this sure of (learnt in
-# the calibrator's bin 0.95-0.98), the setting it was tuned with (see above).
+# the calibrator's bin 0.95-0.98). On a Zen 5 here (2026-11-24) it was 0.97-1.06, so auto never
+# drafted with the model there, though chains made 1.1x plain on some code. Priced with the
+# draft's 0.99-sure tokens instead (right 99.5-100 % of the time on the bench's outputs) it was
+# 1.3-1.4. Opened there, auto lost: 0.1-0.2x on edits and summaries while arms left use after two
+# short chains and probed on chat; and with arms as they are now (judged over ten rounds, probed
+# on sure text only) code fell from 0.98 to 0.94x (medians of 2 repeats in one process): chains
+# were used on 3 of the 4 code prompts and made 0.93-1.01x plain, failed tries cost 5-7 %.
 SUREST = 0.95
 # A measured pass cost follows new passes of its size this fast: the load moves within minutes.
 PASS_WEIGHT = 0.2
@@ -35,15 +34,31 @@ PASS_WEIGHT = 0.2
 PASS_PRIOR = 3
 MAX_SEEN = 10
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
+# An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16
+# tokens on the same code here, and with a memory of 3 rounds (weight 0.3) two short chains
+# took an arm that made 1.1x plain out of use. Once out, catching the draft up on the tokens
+# decided without it costs ~8 % of a step per token here, so it rarely came back.
+ARM_WEIGHT = 0.1
+# An arm stays in use while it makes at least this share of plain decoding's rate: leaving costs
+# the catch-up of coming back, staying a little below costs at most the difference.
+KEEP_MARGIN = 0.97
+# While an arm is in use, every PLAIN_EVERY-th round is a plain step: the arm is judged against
+# plain decoding as fast as it is now, not as one step timed minutes ago under another load
+# (35 against 40 tok/s here). At 1.1x plain this costs 0.1 % of the arm's gain.
+PLAIN_EVERY = 16
 # A try of a model arm spans this many of its rounds and is judged on their sum: one chain round
 # is a gamble (here they yielded 1 to 16 tokens on the same code), so one round alone says little.
 TRY_ROUNDS = 4
-# A probe first catches the draft up on every token decided without it: 2-4 s on a long chat or
-# edit here, where a probe was meant to cost about a step. It waits until that is at most this
-# share of the time since the arm's last try, and of the time the answer has left: a probe that
-# finds the draft worth using can only pay back within the answer it is made in.
-PROBE_SHARE = 0.02
+# A try first catches the draft up on every token decided without it: 2-4 s on a long chat or
+# edit here. It waits until that is at most this share of the time the answer has left: a try
+# that finds the draft worth using can only pay back within the answer it is made in.
 ANSWER_SHARE = 0.05
+# Probes wait for text the target is sure of (the mean probability of the tokens of its plain
+# steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
+# where drafting lost. They used to wait until catching the draft up cost at most 2 % of the
+# time since the last try; at ~6 % of a step per token behind here, that never came once an arm
+# had lost, and code after chat went without drafting.
+SURE_TEXT = 0.9
 
 
 @dataclass
@@ -331,8 +346,11 @@ class Arm:
     # Tokens and seconds of its rounds, averaged apart (as ModelOrNgram's): a mean of round
     # rates would make a chain of 17 tokens in 318 ms and one of 1 in 40 ms look like 39 tok/s
     # where they made 50 (seen here on code, where plain decoding made 41).
-    tokens: Ema = field(default_factory=lambda: Ema(weight=0.3))
-    seconds: Ema = field(default_factory=lambda: Ema(weight=0.3))
+    tokens: Ema = field(default_factory=lambda: Ema(weight=ARM_WEIGHT))
+    seconds: Ema = field(default_factory=lambda: Ema(weight=ARM_WEIGHT))
+    # Drafting with it whenever no n-gram proposal promises more: a try found it beats plain
+    # decoding by MARGIN, and it has not since fallen below KEEP_MARGIN of it.
+    in_use: bool = False
     probe_every: int = FIRST_PROBE_EVERY  # rounds between tries; doubles per failed try
     since_try: int = 0
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
@@ -362,9 +380,10 @@ class Arm:
 
 class AutoPolicy:
     """Each round: n-gram proposal if one promises more than a plain step, else the model arm
-    that has measured best if it beats plain decoding, else a plain step — with an occasional
-    probe of a losing arm, so a change of text (or of machine load) is noticed. Model arms are
-    not tried at all where the device's costs say they cannot pay even at their best."""
+    in use (one whose try beat plain decoding and which has kept up since), else a plain step —
+    with an occasional probe of a losing arm, so a change of text (or of machine load) is
+    noticed. Model arms are not tried at all where the device's costs say they cannot pay even
+    at their best."""
 
     MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
 
@@ -372,6 +391,15 @@ class AutoPolicy:
         self.costs = costs
         self.arms = list(arms)
         self.calibrator = Calibrator()
+        self.since_plain = 0  # rounds since the last plain step
+        self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
+        # An arm in use when the last answer ended is tried afresh on this one: chains that made
+        # 1.3x plain on code made 0.95x on the chat answer after it (two lines of the same run
+        # here), and the old rate took 20 rounds to fade.
+        for arm in self.arms:
+            if arm.in_use:
+                arm.in_use = False
+                arm.start_try()
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)
@@ -387,6 +415,10 @@ class AutoPolicy:
         ceiling = self.model_ceiling()
         return ceiling is None or ceiling > CEILING_MARGIN
 
+    def record_plain_step(self, confidence: float) -> None:
+        """A plain step: the target's probability of the token it chose."""
+        self.target_sure.update(confidence)
+
     def choose(
         self, ngram_rate: float | None, catch_up_s: float = 0.0, rounds_left: int | None = None
     ) -> str:
@@ -394,14 +426,23 @@ class AutoPolicy:
         been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any,
         `catch_up_s` what bringing the draft up to date would cost before it drafts, and
         `rounds_left` how many plain steps the answer may still take (None: no end in sight)."""
+        choice = self._choose(ngram_rate, catch_up_s, rounds_left)
+        self.since_plain = 0 if choice == "plain" else self.since_plain + 1
+        return choice
+
+    def _choose(self, ngram_rate: float | None, catch_up_s: float, rounds_left: int | None) -> str:
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
         can_pay = self.models_can_pay()  # if not, not even at its best: drafting only costs
-        best = max(self.arms, key=lambda a: a.rate, default=None) if can_pay else None
-        in_use = best is not None and best.rate > plain * MARGIN
+        using = [a for a in self.arms if a.in_use] if can_pay else []
+        best = max(using, key=lambda a: a.rate, default=None)
+        if best is not None and best.rate < plain * KEEP_MARGIN:
+            best.in_use = False  # fell behind plain decoding: its tries space out
+            best.probe_every = min(best.probe_every * 2, self.MAX_PROBE_EVERY)
+            best = None
         # The n-gram's free proposal against what the round would otherwise make.
-        rival = best.rate if in_use and best is not None else plain
+        rival = best.rate if best is not None else plain
         if ngram_rate is not None and ngram_rate > rival * MARGIN:
             return "ngram"
         if not can_pay:
@@ -415,13 +456,10 @@ class AutoPolicy:
         untried = [a for a in self.arms if not a.tried]
         if untried:
             return untried[0].start_try()
-        if in_use and best is not None:
-            return best.name
-        due = [
-            a
-            for a in self.arms
-            if a.since_try >= a.probe_every and catch_up_s <= PROBE_SHARE * a.since_try * step_s
-        ]
+        if best is not None:
+            return "plain" if self.since_plain >= PLAIN_EVERY else best.name
+        sure = self.target_sure.value is not None and self.target_sure.value >= SURE_TEXT
+        due = [a for a in self.arms if a.since_try >= a.probe_every and sure]
         return due[0].start_try() if due else "plain"
 
     def record_arm(self, name: str, tokens: int, seconds: float) -> None:
@@ -429,18 +467,27 @@ class AutoPolicy:
         probes' schedule pays for that)."""
         arm = next(a for a in self.arms if a.name == name)
         arm.since_try, arm.tried = 0, True
-        if arm.trying:  # judged once the try's rounds are done, on their sum
-            arm.try_tokens += tokens
-            arm.try_seconds += seconds
-            arm.trying -= 1
-            if arm.trying:
-                return
-            tokens, seconds = arm.try_tokens, arm.try_seconds
-        arm.tokens.update(tokens)
-        arm.seconds.update(seconds)
+        if not arm.trying:  # in use: choose() takes it out if it falls behind
+            arm.tokens.update(tokens)
+            arm.seconds.update(seconds)
+            return
+        arm.try_tokens += tokens  # a try is judged once its rounds are done, on their sum
+        arm.try_seconds += seconds
+        arm.trying -= 1
+        if arm.trying:
+            return
+        # The verdict replaces what the arm measured before: that was another text, or load.
+        arm.tokens.value = arm.try_tokens / TRY_ROUNDS
+        arm.seconds.value = arm.try_seconds / TRY_ROUNDS
+        arm.in_use = arm.rate > self.plain_rate() * MARGIN
         # One good try brings the next close, so a text that turns predictable is noticed
         # within a few rounds; failures space the tries out.
-        if tokens / seconds > self.plain_rate() * MARGIN:
+        if arm.in_use:
             arm.probe_every = FIRST_PROBE_EVERY
         else:
             arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)
+            # What the draft failed to predict, the other arms draft from too: their probes
+            # wait their turn again (a chain's probe leaves the draft caught up, which made a
+            # tree's probe look cheap right after it; both lost on chat here).
+            for other in self.arms:
+                other.since_try = 0

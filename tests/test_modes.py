@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgespec import policy
 from edgespec.backend import Context
 from edgespec.policy import Costs, ModelOrNgram, PassCosts
 from edgespec.tree import TokenTree, verification_batch
@@ -432,6 +433,7 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
         flat_device(engine, draft_cost=0.2)  # a draft that could pay: its ceiling is ~2x
         for arm in engine.model_arms:  # tried long ago and lost; its probe is long due
             arm.tried, arm.since_try = True, 10**6
+        monkeypatch.setattr(policy, "SURE_TEXT", 0.0)  # on text as predictable as any
         stream = engine.stream(prompt, max_tokens=max_tokens, mode="auto")
         pieces = iter(stream)
         for _ in zip(range(20), pieces, strict=False):
@@ -469,6 +471,75 @@ def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_promp
     catching_up = engine.draft_ctx.decode_s - draft_before
     # The draft's time went mostly into the prompt; the first round was charged far less.
     assert rounds[0][1] < 0.5 * catching_up
+
+
+def test_auto_times_plain_decoding_from_its_second_step_and_keeps_it_for_the_next_answer(
+    smol_path, monkeypatch, tmp_path
+):
+    """The first step after a prompt ran 27 ms where the next ones ran 23-24 (the 1.5B target
+    here): timed, it made plain decoding look 15 % slower than it was, and arms that lost to it
+    look like they paid. The next answer starts from what this one measured."""
+    import edgespec
+    from edgespec.engine import Engine
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, n_ctx=1024)
+    timed: list[float] = []
+    start_costs = Engine._start_costs
+
+    def recording(self: Engine, costs, step_s: float) -> None:
+        timed.append(step_s)
+        start_costs(self, costs, step_s)
+
+    monkeypatch.setattr(Engine, "_start_costs", recording)
+    engine.generate(PROMPTS[0], max_tokens=1, mode="auto")
+    assert timed == []  # one step: not timed
+    engine.generate(PROMPTS[0], max_tokens=4, mode="auto")
+    assert len(timed) == 1  # the second step
+    engine.generate(PROMPTS[1], max_tokens=1, mode="auto")
+    assert len(timed) == 2 and timed[1] > 0  # started from the last answer's
+
+
+def test_a_tree_round_prices_the_draft_step_without_catching_it_up_on_the_prompt(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """As for chains: a tree's first round evaluates the prompt with its root; a draft step
+    priced with that in it made drafting look too dear to pay (auto's gate shut for the rest
+    of a chat answer here)."""
+    import edgespec
+    from edgespec.engine import Engine
+    from edgespec.policy import Arm, Costs
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    prompt = list(range(1000, 2200))  # distinct tokens: no n-gram proposal to take instead
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=2048)
+    flat_device(engine, draft_cost=1e-4)
+    engine.model_arms = [Arm("tree")]
+    rounds: list[tuple[int, float, list[float]]] = []  # draft evals, draft seconds, steps priced
+    round_tree, record_draft_step = Engine._round_tree, Costs.record_draft_step
+
+    def tree_round(self: Engine, run, *args, **kwargs):
+        evals, draft_s = run.stats.draft_evals, self.draft_ctx.decode_s
+        rounds.append((0, 0.0, []))
+        decided = round_tree(self, run, *args, **kwargs)
+        rounds[-1] = (
+            run.stats.draft_evals - evals,
+            self.draft_ctx.decode_s - draft_s,
+            rounds[-1][2],
+        )
+        return decided
+
+    def recording(costs: Costs, seconds: float) -> None:
+        rounds[-1][2].append(seconds)
+        record_draft_step(costs, seconds)
+
+    monkeypatch.setattr(Engine, "_round_tree", tree_round)
+    monkeypatch.setattr(Costs, "record_draft_step", recording)
+    engine.generate(prompt, max_tokens=8, mode="auto")
+    evals, draft_s, priced = rounds[0]
+    assert evals >= 1 and len(priced) == 1
+    # Most of the draft's time went into the prompt; a step was priced at far less.
+    assert priced[0] * evals < 0.5 * draft_s
 
 
 def test_a_generation_that_timed_no_draft_step_does_not_remember_a_draft_cost(

@@ -10,7 +10,9 @@ import pytest
 from edgespec.policy import (
     ANSWER_SHARE,
     CEILING_MARGIN,
-    PROBE_SHARE,
+    KEEP_MARGIN,
+    PLAIN_EVERY,
+    SURE_TEXT,
     TRY_ROUNDS,
     Arm,
     AutoPolicy,
@@ -265,6 +267,21 @@ def test_a_pass_stands_for_a_step_where_no_plain_step_is_timed():
     assert c.verify_s(4) == pytest.approx(0.03 * relative(4))
 
 
+def decode(
+    policy: AutoPolicy, rounds: int, arm_round: tuple[int, float], sure: float = 0.95, **choose
+) -> list[str]:
+    """`rounds` rounds of auto mode where each model arm's round makes `arm_round` (tokens,
+    seconds) and the target is `sure` of its plain steps' tokens; what each round chose."""
+    chosen = []
+    for _ in range(rounds):
+        chosen.append(policy.choose(None, **choose))
+        if chosen[-1] == "plain":
+            policy.record_plain_step(sure)
+        else:
+            policy.record_arm(chosen[-1], *arm_round)
+    return chosen
+
+
 def try_arm(policy: AutoPolicy, name: str, tokens: int, seconds: float) -> None:
     """A whole try of an arm: TRY_ROUNDS rounds, each making `tokens` in `seconds`."""
     for _ in range(TRY_ROUNDS):
@@ -297,12 +314,74 @@ def test_an_arm_is_rated_by_its_tokens_over_its_seconds_not_by_a_mean_of_round_r
     """Chains on code here: 17 tokens in 318 ms, then 1 in 40 ms, over and over: 50 tok/s
     against plain decoding's 42, though the mean of the two rounds' rates is 39."""
     policy = AutoPolicy(costs(step_s=0.024), [Arm("chain")])
-    rounds = [(17, 0.318), (1, 0.040)] * 20
+    rounds = itertools.cycle([(17, 0.318), (1, 0.040)])
     chosen = []
-    for tokens, seconds in rounds:
+    for _ in range(40):
         chosen.append(policy.choose(None))
-        policy.record_arm("chain", tokens, seconds)
-    assert set(chosen) == {"chain"}
+        if chosen[-1] == "chain":
+            policy.record_arm("chain", *next(rounds))
+    assert chosen.count("chain") >= 40 - 40 // PLAIN_EVERY  # plain only to time a step
+
+
+def test_an_arm_in_use_rides_out_a_few_short_chains_and_leaves_once_it_falls_behind():
+    """One chain round on code yields 1 to 16 tokens here: an arm is judged on about ten
+    rounds, stays while it keeps up with plain decoding, and leaves when it no longer does."""
+    policy = AutoPolicy(costs(step_s=0.025), [Arm("chain")])  # plain: 40 tok/s
+    try_arm(policy, "chain", tokens=12, seconds=0.25)  # 48 tok/s
+    for _ in range(3):  # three wasted drafts in a row (each 1 token in 60 ms)
+        assert policy.choose(None) == "chain"
+        policy.record_arm("chain", 1, 0.06)
+    assert policy.choose(None) == "chain"  # a memory of three rounds would have left by now
+    probe_every = policy.arms[0].probe_every
+    left_after = 0
+    while policy.choose(None) == "chain":  # the text turned unpredictable: 2 tokens in 80 ms
+        policy.record_arm("chain", 2, 0.08)
+        left_after += 1
+    assert 3 <= left_after <= 20
+    assert policy.arms[0].rate < KEEP_MARGIN * policy.plain_rate()
+    assert policy.arms[0].probe_every == 2 * probe_every  # its probes wait longer now
+
+
+def test_an_arm_in_use_leaves_room_for_a_plain_step_now_and_then_to_price_it_against():
+    policy = AutoPolicy(costs(step_s=0.025), [Arm("chain")])
+    try_arm(policy, "chain", tokens=12, seconds=0.25)
+    chosen = []
+    for _ in range(5 * PLAIN_EVERY):
+        chosen.append(policy.choose(None))
+        if chosen[-1] == "chain":
+            policy.record_arm("chain", 12, 0.25)
+    assert chosen.count("plain") == 5 - 1  # one in PLAIN_EVERY rounds, after the try's
+    assert "plain" not in chosen[: PLAIN_EVERY - TRY_ROUNDS]
+
+
+def test_an_arm_in_use_when_an_answer_ends_is_tried_afresh_on_the_next():
+    """Chains that made 1.3x plain on code made 0.95x on the chat answer after it here."""
+    arms = [Arm("chain")]
+    code = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(code, "chain", tokens=12, seconds=0.25)  # 48 tok/s against 40
+    chat = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(chat, "chain", tokens=2, seconds=0.06)  # 33 tok/s: a try, judged on its own
+    assert [chat.choose(None) for _ in range(8)] == ["plain"] * 8
+    again = AutoPolicy(costs(step_s=0.025), arms)  # and where it pays again, it is used again
+    chosen = decode(again, again.arms[0].probe_every + TRY_ROUNDS + 1, arm_round=(12, 0.25))
+    assert chosen[-1] == "chain" and again.arms[0].in_use
+
+
+def test_a_failed_try_postpones_every_arms_probe():
+    """Both arms draft with the same model: a chain's failed probe leaves the draft caught up,
+    which made the tree's probe look cheap right after it; both lost on chat here."""
+    policy = AutoPolicy(costs(step_s=0.025), [Arm("chain"), Arm("tree")])
+    try_arm(policy, "chain", tokens=12, seconds=0.25)  # in use
+    try_arm(policy, "tree", tokens=2, seconds=0.08)  # loses
+    tree = policy.arms[1]
+    tree.since_try = 10 * tree.probe_every  # long due
+    policy.arms[0].in_use = False
+    policy.arms[0].start_try()
+    for _ in range(TRY_ROUNDS):  # the chain's probe, on text it no longer predicts
+        assert policy.choose(None) == "chain"
+        policy.record_arm("chain", 2, 0.08)
+    waits = tree.probe_every - 1
+    assert [policy.choose(None) for _ in range(waits)] == ["plain"] * waits
 
 
 def test_auto_takes_an_ngram_proposal_over_a_paying_arm_only_where_it_promises_more():
@@ -314,33 +393,27 @@ def test_auto_takes_an_ngram_proposal_over_a_paying_arm_only_where_it_promises_m
 
 def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_loses():
     policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
-    tries = []  # the round each try began in
-    last = None
-    for round_ in range(1000):
-        choice = policy.choose(None)
-        if choice == "chain":
-            if last != "chain":
-                tries.append(round_)
-            policy.record_arm("chain", tokens=1, seconds=0.06)  # half the plain rate
-        last = choice
+    chosen = decode(policy, 1000, arm_round=(1, 0.06))  # half the plain rate
+    tries = [i for i, c in enumerate(chosen) if c == "chain" and (i == 0 or chosen[i - 1] != c)]
     gaps = [b - a for a, b in itertools.pairwise(tries)]
     assert tries[0] == 0 and len(tries) < 10  # a handful of tries in 1000 rounds
     assert gaps == sorted(gaps)  # spaced out more and more
     assert max(gaps) <= AutoPolicy.MAX_PROBE_EVERY + TRY_ROUNDS
 
 
-def test_a_probe_waits_while_catching_the_draft_up_would_cost_more_than_its_share():
-    step_s = 0.03
-    policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
-    # The draft is 600 tokens behind (a long chat): catching up costs ~3 s, 100 plain steps.
-    catch_up_s = 3.0
-    rounds_needed = catch_up_s / (PROBE_SHARE * step_s)  # 5000 rounds
-    choices = [policy.choose(None, catch_up_s=catch_up_s) for _ in range(6000)]
-    assert choices.index("chain") == pytest.approx(rounds_needed, abs=1)
-    # A draft only a few tokens behind is probed when its turn comes.
-    policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
-    choices = [policy.choose(None, catch_up_s=0.01) for _ in range(40)]
-    assert choices.index("chain") == 31
+def test_a_probe_waits_for_text_the_target_is_sure_of():
+    """The target was 0.92-0.95 sure of its tokens over code answers here, where chains paid,
+    and 0.72-0.76 over chat ones, where they lost."""
+    chat = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    assert set(decode(chat, 1000, arm_round=(1, 0.06), sure=0.75)) == {"plain"}
+    code = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    assert decode(code, 40, arm_round=(1, 0.06), sure=0.95).index("chain") == 31
+    # It is the recent tokens that count: a code block in a chat answer gets its probe.
+    mixed = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    chosen = decode(mixed, 100, arm_round=(1, 0.06), sure=0.75)
+    chosen += decode(mixed, 30, arm_round=(1, 0.06), sure=0.99)
+    assert "chain" not in chosen[:100] and "chain" in chosen[100:]
+    assert SURE_TEXT < 0.92
 
 
 def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_too_much():
@@ -351,6 +424,7 @@ def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_t
         policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
         for arm in policy.arms:
             arm.since_try = 10**6  # long due, as far as the time since its last try goes
+        policy.record_plain_step(0.99)  # and the text is predictable
         assert (policy.choose(None, catch_up_s, rounds_left) == "chain") is probed
     # Nor a first try: what it would learn could not pay back within this answer either.
     for rounds_left, tried in ((short_answer, False), (10 * short_answer, True)):
@@ -360,11 +434,10 @@ def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_t
 
 def test_auto_returns_to_drafting_soon_after_a_probe_that_pays():
     policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
-    for _ in range(100):  # a long stretch where drafting loses
-        if policy.choose(None) == "chain":
-            policy.record_arm("chain", tokens=1, seconds=0.06)
+    decode(policy, 100, arm_round=(1, 0.06))  # a long stretch where drafting loses
     rounds = 0
     while policy.choose(None) != "chain":
+        policy.record_plain_step(0.95)
         rounds += 1
     for _ in range(TRY_ROUNDS):  # the text became predictable
         policy.record_arm("chain", tokens=5, seconds=0.05)
@@ -422,7 +495,7 @@ def test_what_an_arm_learnt_carries_over_to_the_next_generation():
 
 def test_an_arm_that_lost_in_an_earlier_run_waits_for_its_probe_instead_of_going_first():
     lost = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
-    choices = [lost.choose(None) for _ in range(40)]
+    choices = decode(lost, 40, arm_round=(1, 0.06))
     assert choices.index("chain") == 31  # the 32nd round is its probe
     fresh = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=8)])
     assert fresh.choose(None) == "chain"  # it did not lose: tried first, as a new arm
