@@ -46,7 +46,13 @@ MinP = Annotated[
     float | None,
     typer.Option("--min-p", help="Drop tokens below this fraction of the best one (0: off)"),
 ]
-Seed = Annotated[int | None, typer.Option(help="Random seed for sampling")]
+Seed = Annotated[
+    int | None,
+    typer.Option(
+        help="Random seed for sampling: the same text again in --mode target, chain with "
+        "--draft-max and --no-ngram, tree with --no-ngram (elsewhere drafting adapts to speed)"
+    ),
+]
 Threads = Annotated[
     int | None,
     typer.Option("--threads", "-t", help="Target threads [default: one per --target-cpus CPU]"),

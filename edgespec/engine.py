@@ -768,7 +768,7 @@ class Engine:
         else:
             token, row = self._plain_step(run)
             costs.step_s.update(time.perf_counter() - t0)
-            if policy.models_can_pay():  # how sure the target is says when to probe the draft
+            if policy.can_pay:  # how sure the target is says when to probe the draft
                 policy.record_plain_step(top_candidates(row, 1, self._target_mask)[0][1])
             run.last_choice = choice
             return [token]

@@ -56,7 +56,7 @@ ANSWER_SHARE = 0.05
 # Probes wait for text the target is sure of (the mean probability of the tokens of its plain
 # steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
 # where drafting lost. They used to wait until catching the draft up cost at most 2 % of the
-# time since the last try; at ~6 % of a step per token behind here, that never came once an arm
+# time since the last try; at ~8 % of a step per token behind here, that never came once an arm
 # had lost, and code after chat went without drafting.
 SURE_TEXT = 0.9
 
@@ -392,6 +392,7 @@ class AutoPolicy:
         self.arms = list(arms)
         self.calibrator = Calibrator()
         self.since_plain = 0  # rounds since the last plain step
+        self.can_pay = False  # what the last choice found of models_can_pay()
         self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
         # An arm in use when the last answer ended is tried afresh on this one: chains that made
         # 1.3x plain on code made 0.95x on the chat answer after it (two lines of the same run
@@ -434,7 +435,8 @@ class AutoPolicy:
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
-        can_pay = self.models_can_pay()  # if not, not even at its best: drafting only costs
+        # If not, not even at its best: drafting only costs.
+        can_pay = self.can_pay = bool(self.arms) and self.models_can_pay()
         using = [a for a in self.arms if a.in_use] if can_pay else []
         best = max(using, key=lambda a: a.rate, default=None)
         if best is not None and best.rate < plain * KEEP_MARGIN:

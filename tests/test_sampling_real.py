@@ -85,11 +85,25 @@ def test_the_check_catches_a_wrong_distribution(q2_draft_engine):
     assert not chi_square_passes(firsts, cells, N)[0]
 
 
-@pytest.mark.parametrize("mode", ["target", "chain", "tree"])
+# Where drafting adapts to measured speed (a chain's length, n-gram or model), the draws fall
+# differently from run to run: reproducible are the modes that draft the same way every time.
+FIXED_DRAFTING = {
+    "target": {},
+    "chain": {"draft_max": 4, "ngram": False},
+    "tree": {"ngram": False},
+}
+
+
+@pytest.mark.parametrize("mode", list(FIXED_DRAFTING))
 def test_a_seed_makes_sampling_reproducible_and_another_seed_differs(q2_draft_engine, mode):
     def text(seed: int) -> str:
         return q2_draft_engine.generate(
-            "Tell me a story.", max_tokens=30, mode=mode, temperature=0.9, seed=seed
+            "Tell me a story.",
+            max_tokens=30,
+            mode=mode,
+            temperature=0.9,
+            seed=seed,
+            **FIXED_DRAFTING[mode],
         ).text
 
     assert text(1) == text(1)
