@@ -13,6 +13,7 @@ from rich.table import Table
 
 from edgespec import catalogue
 from edgespec.config import Settings, resolve
+from edgespec.draft_head import HEAD_TOKENS, narrowed_path
 from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
 from edgespec.stats import Stats
 
@@ -299,6 +300,37 @@ def quantize(
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)
+    print(dest)
+
+
+@app.command()
+def narrow(
+    source: Annotated[Path, typer.Argument(help="Draft GGUF")],
+    dest: Annotated[
+        Path | None,
+        typer.Argument(help="Output GGUF (default: next to the draft, named .head<N>k.gguf)"),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option("--tokens", help="Tokens the output layer keeps")
+    ] = HEAD_TOKENS,
+) -> None:
+    """Write a copy of a draft whose output layer keeps only frequent tokens: a cheaper draft
+    step for a large vocabulary. It needs the original next to it (for its embeddings)."""
+    from edgespec.drafts import narrow as narrow_file
+    from edgespec.gguf_info import read_gguf
+
+    info = read_gguf(source)
+    if info.narrowed_from is not None:
+        raise BadSettingError(f"{source.name} is already narrowed (from {info.narrowed_from})")
+    if not 1024 <= tokens < info.n_vocab:
+        raise BadSettingError(
+            f"--tokens must be at least 1024 and below the vocabulary's {info.n_vocab} "
+            f"(got {tokens})"
+        )
+    dest = dest or narrowed_path(source, tokens)
+    if dest.resolve().parent != source.resolve().parent:
+        raise BadSettingError("the narrowed copy must be written next to its draft")
+    narrow_file(source, dest, tokens)
     print(dest)
 
 

@@ -18,6 +18,7 @@ import llama_cpp as ll
 import numpy as np
 
 from .cores import PinnedThread
+from .draft_head import NarrowedHead
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
 
@@ -59,17 +60,33 @@ def set_verbose(verbose: bool) -> None:
 _logits_address = ll.llama_cpp._lib["llama_get_logits"]
 _logits_address.argtypes = [ctypes.c_void_p]
 _logits_address.restype = ctypes.c_void_p
+_hidden_address = ll.llama_cpp._lib["llama_get_embeddings"]
+_hidden_address.argtypes = [ctypes.c_void_p]
+_hidden_address.restype = ctypes.c_void_p
 
 
 class Model:
     """A GGUF model loaded into memory by llama.cpp, with its vocabulary."""
 
-    def __init__(self, path: str | Path, info: GGUFInfo | None = None, use_mmap: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        info: GGUFInfo | None = None,
+        use_mmap: bool = False,
+        vocab_only: bool = False,
+    ):
         _init_backend()
+        self._model = None  # close() may run on a half-made Model
         self.path = Path(path)
         self.info = info or read_gguf(self.path)
+        # A draft narrowed to frequent tokens (draft_head.py): its logits row j is token
+        # head.ids[j], and it is fed the full draft's embeddings, not token ids.
+        self.head: NarrowedHead | None = None
+        if self.info.narrowed_from is not None and not vocab_only:
+            self.head = NarrowedHead(self.info)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.vocab_only = vocab_only
         # Read the weights into memory instead of mapping the file: mapped pages are page cache,
         # which the OS may reclaim while we generate (seen here: decoding fell from 23 to 0.4
         # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
@@ -80,7 +97,15 @@ class Model:
             reason = _recent_native_errors[-1] if _recent_native_errors else "unknown reason"
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
         self._vocab = ll.llama_model_get_vocab(self._model)
-        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)  # rows of logits
+        # Ids a token can have: the full draft's vocabulary for a narrowed one.
+        self.vocab_size: int = self.info.full_vocab or self.n_vocab
+        self._eog_ids: frozenset[int] | None = None
+        if self.info.token_ids is not None:  # ids in the full vocabulary
+            ids = self.info.token_ids
+            self._eog_ids = frozenset(
+                int(ids[j]) for j in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, j)
+            )
         self.bos: int = ll.llama_vocab_bos(self._vocab)
         self.eos: int = ll.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(self._vocab))
@@ -120,7 +145,16 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
+        if self._eog_ids is not None:
+            return token in self._eog_ids
         return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def special_tokens(self) -> list[int]:
+        """Control, user-defined and byte tokens: those a narrowed draft always keeps."""
+        kinds = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+        kinds |= ll.LLAMA_TOKEN_ATTR_BYTE
+        attr = ll.llama_vocab_get_attr
+        return [i for i in range(self.n_vocab) if attr(self._vocab, i) & kinds]
 
     def token_text(self, token: int) -> bytes:
         return ll.llama_vocab_get_text(self._vocab, token) or b""
@@ -165,6 +199,9 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        if model.head:  # the last hidden state too, to score the tokens outside the head
+            params.embeddings = True
+            params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
         self._ctx = ll.llama_init_from_model(model._model, params)
         if not self._ctx:
             reason = _recent_native_errors[-1] if _recent_native_errors else "out of memory?"
@@ -174,8 +211,13 @@ class Context:
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_vocab = model.n_vocab
         # One batch for the life of the context: the decode loop allocates nothing.
-        self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
-        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._head = model.head
+        n_embd = model.head.n_embd if model.head else 0
+        self._batch = ll.llama_batch_init(n_batch, n_embd, n_seq_max)
+        if model.head:
+            self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(n_batch, n_embd))
+        else:
+            self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
         self._wants_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -190,6 +232,7 @@ class Context:
         # Views of llama.cpp's logits buffer by (address, rows): making one costs more than a
         # draft step's other Python work, and the buffer moves only when llama.cpp regrows it.
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
+        self._narrowed_views: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.decode_s = 0.0  # seconds spent inside llama_decode, ever: the rest is our overhead
 
     def decode(
@@ -229,11 +272,17 @@ class Context:
                 self._n_seq_id[0] = 1
                 self._seq_id_rows[0][0] = seq
                 self._rows_off_seq0 = max(self._rows_off_seq0, 1)
-            self._tokens[0] = tokens[0]
+            if self._head is None:
+                self._tokens[0] = tokens[0]
+            else:
+                self._head.feed(tokens, self._embd)
             self._pos[0] = start_pos
             self._wants_logits[0] = logits != "none"
             return self._run(batch, 0 if logits == "none" else 1)
-        self._tokens[:n] = tokens
+        if self._head is None:
+            self._tokens[:n] = tokens
+        else:
+            self._head.feed(tokens, self._embd)
         if positions is None:
             np.add(self._offsets[:n], start_pos, out=self._pos[:n])
         else:
@@ -267,6 +316,8 @@ class Context:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
+        if self._head is not None:
+            return self._narrowed_logits(batch.n_tokens, n_out)
         # Outputs are stored contiguously in batch order (llama_get_logits reorders them).
         key = (_logits_address(self._ctx) or 0, n_out)
         view = self._logits_views.get(key)
@@ -277,6 +328,27 @@ class Context:
             view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
             self._logits_views[key] = view
         return view
+
+    def _narrowed_logits(self, n_rows: int, n_out: int) -> np.ndarray:
+        """A narrowed draft's last `n_out` rows of logits, its extra tokens' included. With
+        hidden states asked for, llama.cpp outputs every row of the batch, whatever it is told."""
+        assert self._head is not None
+        key = (_logits_address(self._ctx) or 0, _hidden_address(self._ctx) or 0, n_rows)
+        views = self._narrowed_views.get(key)
+        if views is None:
+            if len(self._narrowed_views) > 256:
+                self._narrowed_views.clear()
+            logits = ll.llama_get_logits(self._ctx)
+            hidden = ll.llama_get_embeddings(self._ctx)
+            views = (
+                np.ctypeslib.as_array(logits, shape=(n_rows, self._n_vocab)),
+                np.ctypeslib.as_array(hidden, shape=(n_rows, self._head.n_embd)),
+            )
+            self._narrowed_views[key] = views
+        logits_view, hidden_view = views
+        if n_out == 1:
+            return self._head.logits(logits_view[-1], hidden_view[-1])[None]
+        return self._head.logits(logits_view[n_rows - n_out :], hidden_view[n_rows - n_out :])
 
     # KV cache edits, per sequence. p1 = -1 means "to the end".
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:

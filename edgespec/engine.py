@@ -20,6 +20,7 @@ import numpy as np
 from . import chat
 from .backend import Context, Model
 from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, threads_by_cpus
+from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import check_pair, read_gguf
 from .ngram import NgramDrafter, Proposal
@@ -250,9 +251,13 @@ class Engine:
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
-        self._draft_vocab = draft.n_vocab if draft else 0
+        self._draft_vocab = draft.vocab_size if draft else 0
         self._q_rows = np.empty((0, self._draft_vocab), dtype=np.float32)
-        self._near_mask = np.empty(self._draft_vocab, dtype=bool)  # see top_candidates
+        # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
+        self._draft_head = draft.head if draft is not None else None
+        self._draft_id_list = self._draft_head.ids if self._draft_head else None
+        n_rows = draft.n_vocab + MAX_EXTRA_TOKENS if self._draft_head else self._draft_vocab
+        self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates
         self._target_mask = np.empty(target.n_vocab, dtype=bool)
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
         self.profile = load_profile(
@@ -530,6 +535,20 @@ class Engine:
             self.draft_ctx.clear()
         self._draft_cache = []
 
+    def _draft_candidates(self, row: np.ndarray, n: int) -> list[tuple[int, float]]:
+        """top_candidates of a draft row, as token ids."""
+        candidates = top_candidates(row, n, self._near_mask[: len(row)])
+        ids = self._draft_id_list
+        return candidates if ids is None else [(ids[t], p) for t, p in candidates]
+
+    def _draft_probs(self, row: np.ndarray, params: SamplingParams, out: np.ndarray) -> None:
+        """The draft's distribution from its logits row, over every token id, into `out`."""
+        if self._draft_head is None:
+            out[:] = probs_from_logits(row, params)
+        else:  # the tokens a narrowed draft cannot propose have probability 0
+            out.fill(0.0)
+            out[self._draft_head.id_array] = probs_from_logits(row, params)
+
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
         if self._q_rows.shape[0] < n:
@@ -646,12 +665,14 @@ class Engine:
                 pos += 1
             if params.greedy and keep_going is None:
                 token = int(row.argmax())
+                if self._draft_id_list is not None:
+                    token = self._draft_id_list[token]
             elif params.greedy:
                 # the argmax and its probability
-                token, confidence = top_candidates(row, 1, self._near_mask)[0]
+                token, confidence = self._draft_candidates(row, 1)[0]
                 confidences.append(confidence)
             else:
-                q_rows[i] = probs_from_logits(row, params)
+                self._draft_probs(row, params, q_rows[i])
                 token = sample(q_rows[i], run.rng)
                 confidences.append(float(q_rows[i][token]))
             proposed.append(token)
@@ -878,14 +899,14 @@ class Engine:
             evals += 1
             node = tree.branches[branch].leaf
             if params.greedy:
-                candidates = top_candidates(row, cfg.max_branches, self._near_mask)
+                candidates = self._draft_candidates(row, cfg.max_branches)
                 argmax_of[node] = candidates[0]
                 p_top = candidates[0][1]
                 chance = run.calibrator.predict(p_top) if cfg.calibrated else None
                 children = branch_children(candidates, cfg.branch_p, chance)
             else:
                 probs = q_rows[node]
-                probs[:] = probs_from_logits(row, params)
+                self._draft_probs(row, params, probs)
                 # As many draws as the draft has likely candidates, decided before drawing: the
                 # count may depend on q, never on the draws themselves.
                 room_for = cfg.max_branches - len(tree.branches) + 1
@@ -1126,4 +1147,8 @@ def load(
 
 def _same_token_texts(a: Model, b: Model) -> bool:
     # llama.cpp's rule: the first few ids may be special tokens that differ harmlessly.
-    return all(a.token_text(i) == b.token_text(i) for i in range(5, min(a.n_vocab, b.n_vocab)))
+    narrowed = a.info.token_ids  # a's token j is the full vocabulary's narrowed[j]
+    ids = range(a.n_vocab) if narrowed is None else narrowed.tolist()
+    return all(
+        a.token_text(row) == b.token_text(i) for row, i in enumerate(ids) if 5 <= i < b.n_vocab
+    )

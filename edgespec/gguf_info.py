@@ -11,9 +11,11 @@ import math
 import mmap
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from .errors import IncompatibleModelsError, ModelFileError
 
@@ -37,6 +39,15 @@ class GGUFInfo:
     eos: int | None
     vocab_digest: str  # sha256 of the serialised token list: equal means identical vocabularies
     chat_template: str | None
+    n_embd: int | None = None
+    # Where the token embedding table lies in the file (type, byte offset, elements), if any.
+    token_embd: TensorSpan | None = None
+    output: TensorSpan | None = None  # the output matrix, unless tied to the embeddings
+    # A draft with a narrowed output layer (draft_head.py): the file it was narrowed from, that
+    # file's vocabulary size, and the original id of each of its own tokens.
+    narrowed_from: str | None = None
+    full_vocab: int | None = None
+    token_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -53,7 +64,14 @@ class GGUFInfo:
             "bos": self.bos,
             "eos": self.eos,
             "chat_template": self.chat_template is not None,
+            "narrowed_from": self.narrowed_from,
         }
+
+
+class TensorSpan(NamedTuple):
+    ggml_type: int
+    offset: int  # from the start of the file
+    n_elements: int
 
 
 class _Array(NamedTuple):
@@ -80,6 +98,11 @@ _SCALARS = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+_U32_TYPE = 4
+# Metadata of a draft whose output layer edgespec narrowed to frequent tokens (draft_head.py).
+NARROWED_FROM = "edgespec.narrowed.source"  # the file name of the full draft, same directory
+NARROWED_VOCAB = "edgespec.narrowed.full_vocab"
+NARROWED_IDS = "edgespec.narrowed.token_ids"  # the full draft's id of each kept token
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _DEFAULT_ALIGNMENT = 32
 
@@ -196,6 +219,10 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                 raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens is missing)")
             # Equal serialised token lists (lengths and texts) mean identical vocabularies.
             vocab_digest = hashlib.sha256(buf[tokens.start : tokens.end]).hexdigest()
+            ids = header.fields.get(NARROWED_IDS)
+            token_ids = None
+            if isinstance(ids, _Array) and ids.element_type == _U32_TYPE:
+                token_ids = np.frombuffer(buf[ids.start : ids.end], dtype="<u4").astype(np.int64)
 
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -214,6 +241,20 @@ def read_gguf(path: str | Path) -> GGUFInfo:
             )
 
     arch = header.get("general.architecture", str) or "unknown"
+    spans = {
+        name: TensorSpan(ggml_type, header.data_start + offset, n_elements)
+        for name, n_elements, ggml_type, offset in header.tensors
+    }
+    narrowed_from = header.get(NARROWED_FROM, str)
+    full_vocab = header.get(NARROWED_VOCAB, int)
+    if narrowed_from is not None and (
+        token_ids is None
+        or full_vocab is None
+        or len(token_ids) != tokens.count
+        or not np.all(np.diff(token_ids) > 0)
+        or token_ids[-1] >= full_vocab
+    ):
+        raise ModelFileError(f"{path} is a narrowed draft whose list of token ids is damaged")
     return GGUFInfo(
         path=path,
         file_size=size,
@@ -230,6 +271,12 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         eos=header.get("tokenizer.ggml.eos_token_id", int),
         vocab_digest=vocab_digest,
         chat_template=header.get("tokenizer.chat_template", str),
+        n_embd=header.get(f"{arch}.embedding_length", int),
+        token_embd=spans.get("token_embd.weight"),
+        output=spans.get("output.weight"),
+        narrowed_from=narrowed_from,
+        full_vocab=full_vocab if narrowed_from else None,
+        token_ids=token_ids if narrowed_from else None,
     )
 
 
@@ -244,6 +291,18 @@ def _file_type_name(file_type: int | None) -> str:
         return str(file_type)
 
 
+def source_of(info: GGUFInfo) -> GGUFInfo:
+    """The full draft a narrowed one was made from (it lends its embeddings and vocabulary)."""
+    assert info.narrowed_from is not None
+    source = info.path.with_name(info.narrowed_from)
+    if not source.exists():
+        raise ModelFileError(
+            f"{info.path.name} is a draft narrowed from {info.narrowed_from}, which is missing "
+            f"from {info.path.parent}; delete {info.path.name} and use the full draft"
+        )
+    return read_gguf(source)
+
+
 def pairing_problem(
     draft: GGUFInfo, target: GGUFInfo, texts_match: Callable[[], bool] | None = None
 ) -> str | None:
@@ -253,6 +312,8 @@ def pairing_problem(
     vocabularies always pass; otherwise llama.cpp's rule applies: same tokenizer type and special
     tokens, sizes within 128, and equal token texts (`texts_match`, from the loaded vocabularies).
     """
+    if draft.narrowed_from is not None:  # it speaks its full draft's vocabulary
+        draft = source_of(draft)
     if draft.vocab_digest == target.vocab_digest and draft.bos == target.bos:
         return None
     if draft.tokenizer_model != target.tokenizer_model:

@@ -1,11 +1,13 @@
-"""The default draft's cheaper Q4_0 form (its output matrix too): made once, timed against the
-original, remembered; a copy an older edgespec made is replaced."""
+"""The default draft's cheaper forms (Q4_0, its output matrix too; then narrowed to frequent
+tokens): made once, timed against the original, remembered; a copy an older edgespec made is
+replaced."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+from edgespec.draft_head import narrowed_path
 from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
 from edgespec.gguf_info import read_gguf
 
@@ -23,9 +25,14 @@ def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
     assert read_gguf(copy).file_type == "Q4_0"
     assert tensor_types(copy)["token_embd.weight"] == "Q4_0"  # SmolLM2's output matrix (tied)
     assert any("making a Q4_0 copy" in line for line in said)
-    assert set(choice.step_ms) == {draft.name, copy.name}
-    copy_is_faster = choice.step_ms[copy.name] <= FASTER_BY * choice.step_ms[draft.name]
-    assert choice.chosen == (copy.name if copy_is_faster else draft.name)
+    steps = choice.step_ms
+    base = copy if steps[copy.name] <= FASTER_BY * steps[draft.name] else draft
+    narrowed = narrowed_path(base)
+    assert any("narrowing the output" in line for line in said)
+    assert read_gguf(narrowed).narrowed_from == base.name
+    assert set(steps) == {draft.name, copy.name, narrowed.name}
+    narrowed_is_faster = steps[narrowed.name] <= FASTER_BY * steps[base.name]
+    assert choice.chosen == (narrowed.name if narrowed_is_faster else base.name)
     assert choice.path(tmp_path).exists()
 
     said.clear()

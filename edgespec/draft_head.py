@@ -1,0 +1,253 @@
+"""A draft whose output layer knows only the tokens text is mostly made of (FR-Spec, 2025).
+
+A 0.5B draft with a 151,936-token vocabulary spends about a fifth of each step on its output
+matrix (76 MB of Q4_0 read per token), and edgespec then scans its 151,936 logits for the argmax
+and its probability. Most of those tokens almost never occur: 32,768 of them cover 97 % of the
+code and 96 % of the chat the target wrote on the bench prompts. A copy of the draft whose output
+matrix has only those rows took 7.2 ms a step instead of 8.6 here.
+
+What the kept set misses is mostly the text's own rare words: the names in a prompt ("indrome"
+of is_palindrome). With those lost, chains on code were 8 % slower than the full draft's. So the
+tokens outside the set that the draft is fed (the prompt, the answer so far) are scored here too:
+the draft's last hidden state (llama.cpp gives it with the logits) times their rows of the full
+output matrix, a few dozen dot products a step. Chains on code then ran 2-3 % faster than with
+the full draft, and trees 7 %.
+
+llama.cpp sizes both the input and the output table by the vocabulary, so the narrowed file
+holds a narrowed vocabulary (its token j is the full draft's `token_ids[j]`), and the draft is fed
+embeddings instead of token ids: rows of the full draft's table, read from its file.
+
+Which tokens to keep: the special ones, then those most frequent in the Python standard library
+of the interpreter running edgespec (code, and English in its docstrings and comments; a corpus
+every device running edgespec has, that knows nothing of the bench's prompts), tokenized by the
+draft itself, then the lowest ids.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelFileError
+from .gguf_info import (
+    NARROWED_FROM,
+    NARROWED_IDS,
+    NARROWED_VOCAB,
+    GGUFInfo,
+    TensorSpan,
+    source_of,
+)
+
+PER_TOKEN_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+HEAD_TOKENS = 32768  # tokens kept; FR-Spec's choice for Llama-3's 128k vocabulary, as here
+CORPUS_EVERY = 4  # one file in this many of the standard library: ~7 MB, ~2 s to tokenize
+MAX_CACHED_ROWS = 8192  # dequantized input rows kept (3.5 KB each for a 896-wide model)
+# Tokens outside the kept set scored by edgespec: each costs a dot product per draft step.
+MAX_EXTRA_TOKENS = 512
+
+
+def narrowed_path(draft: Path, n_keep: int = HEAD_TOKENS) -> Path:
+    return draft.with_name(f"{draft.stem}.head{n_keep // 1024}k.gguf")
+
+
+def stdlib_corpus(every: int = CORPUS_EVERY) -> list[Path]:
+    """Every `every`-th Python file of the standard library, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+    return files[::every]
+
+
+def frequent_tokens(
+    tokenize: Callable[[str], list[int]],
+    n_vocab: int,
+    always: Sequence[int],
+    n_keep: int = HEAD_TOKENS,
+    corpus: Sequence[Path] | None = None,
+) -> np.ndarray:
+    """The ids of `always`, then of the tokens most frequent in the corpus, then the lowest ids
+    (a BPE vocabulary lists tokens in the order they were merged, the most frequent first in its
+    training text: other languages' common tokens), `n_keep` in all, sorted."""
+    counts = np.zeros(n_vocab, dtype=np.int64)
+    for path in stdlib_corpus() if corpus is None else corpus:
+        try:
+            text = path.read_text("utf-8", errors="replace")
+        except OSError:
+            continue
+        np.add.at(counts, tokenize(text), 1)
+    keep = np.zeros(n_vocab, dtype=bool)
+    keep[np.asarray(always, dtype=np.int64)] = True
+    room = max(n_keep - int(keep.sum()), 0)
+    ranked = np.argsort(-counts, kind="stable")
+    ranked = ranked[(counts[ranked] > 0) & ~keep[ranked]]
+    keep[ranked[:room]] = True
+    room = max(n_keep - int(keep.sum()), 0)
+    keep[np.flatnonzero(~keep)[:room]] = True
+    return np.flatnonzero(keep)
+
+
+def write_narrowed(src: Path, dst: Path, token_ids: np.ndarray) -> None:
+    """A copy of the GGUF `src` whose vocabulary, embedding and output tables keep only
+    `token_ids` (sorted), with the metadata that maps them back (gguf_info.NARROWED_*)."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    kept_texts = {tokens[i] for i in token_ids}
+    new_id = {int(old): new for new, old in enumerate(token_ids)}
+    writer = gguf.GGUFWriter(dst, arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        value = field.contents()
+        if field.name in PER_TOKEN_FIELDS:
+            value = [value[i] for i in token_ids]
+        elif field.name == "tokenizer.ggml.merges":  # those that make a kept token from kept ones
+            value = [
+                m
+                for m in value
+                if m.replace(" ", "", 1) in kept_texts
+                and all(part in kept_texts for part in m.split(" ", 1))
+            ]
+        elif field.name.startswith("tokenizer.ggml.") and field.name.endswith("_token_id"):
+            if int(value) not in new_id:
+                continue  # llama.cpp falls back to its default, which is never used here
+            value = new_id[int(value)]
+        elif field.name == "general.name":
+            value = f"{value} (output narrowed to {len(token_ids)} tokens)"
+        writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
+    writer.add_string(NARROWED_FROM, src.name)
+    writer.add_uint32(NARROWED_VOCAB, len(tokens))
+    writer.add_key_value(
+        NARROWED_IDS,
+        [int(i) for i in token_ids],
+        gguf.GGUFValueType.ARRAY,
+        sub_type=gguf.GGUFValueType.UINT32,
+    )
+    tensors = []
+    for tensor in reader.tensors:
+        data = tensor.data
+        if tensor.name in ("token_embd.weight", "output.weight"):
+            data = np.ascontiguousarray(data[token_ids])  # one row per token, quantized or not
+        tensors.append(data)
+        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for data in tensors:
+        writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+    writer.close()
+
+
+class TableRows:
+    """Rows of a tensor of a GGUF (one per token) as float32, dequantized on demand; llama.cpp
+    dequantizes the same bytes the same way, so fed as embeddings they give the same logits."""
+
+    def __init__(self, path: Path, span: TensorSpan, n_embd: int):
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.qtype = GGMLQuantizationType(span.ggml_type)
+        block, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        self.n_embd = n_embd
+        n_rows = span.n_elements // n_embd
+        row_bytes = n_embd // block * block_bytes
+        self._table = np.memmap(
+            path, dtype=np.uint8, mode="r", offset=span.offset, shape=(n_rows, row_bytes)
+        )
+        self._rows: dict[int, np.ndarray] = {}
+
+    def row(self, token: int) -> np.ndarray:
+        cached = self._rows.get(token)
+        if cached is None:
+            if len(self._rows) >= MAX_CACHED_ROWS:
+                self._rows.clear()
+            cached = self.rows([token])[0]
+            self._rows[token] = cached
+        return cached
+
+    def rows(self, tokens: Sequence[int]) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        raw = np.asarray(self._table[np.asarray(tokens, dtype=np.int64)])
+        return dequantize(raw, self.qtype).reshape(len(tokens), self.n_embd)
+
+
+class NarrowedHead:
+    """What a narrowed draft needs beyond llama.cpp: its input embeddings, and the logits of the
+    tokens outside its kept set that the text it was fed contains (the prompt's names, say),
+    scored here as the draft's last hidden state times their rows of the full output matrix.
+
+    Logits rows come out as the kept tokens' then these extra tokens': row j is token ids[j].
+    """
+
+    def __init__(self, info: GGUFInfo):
+        assert info.token_ids is not None and info.full_vocab is not None
+        source = source_of(info)
+        if source.token_embd is None or not source.n_embd:
+            raise ModelFileError(f"{source.path} has no token embedding table")
+        self.n_embd = source.n_embd
+        self.embeddings = TableRows(source.path, source.token_embd, self.n_embd)
+        # The output matrix, or the embedding table where the model ties them.
+        self._output = TableRows(source.path, source.output or source.token_embd, self.n_embd)
+        self.n_kept = len(info.token_ids)
+        self._known = np.zeros(info.full_vocab, dtype=bool)  # kept, or already an extra
+        self._known[info.token_ids] = True
+        self.ids: list[int] = info.token_ids.tolist()
+        self._id_array = np.empty(self.n_kept + MAX_EXTRA_TOKENS, dtype=np.int64)
+        self._id_array[: self.n_kept] = info.token_ids
+        self._extra_rows = np.empty((MAX_EXTRA_TOKENS, self.n_embd), dtype=np.float32)
+        self.n_extra = 0
+        self._row = np.empty(self.n_kept + MAX_EXTRA_TOKENS, dtype=np.float32)
+
+    def feed(self, tokens: Sequence[int], out: np.ndarray) -> None:
+        """out[i] = the embedding of tokens[i]; tokens outside the kept set become extras."""
+        if len(tokens) == 1:
+            token = tokens[0]
+            if not self._known[token]:
+                self._add_extras([token])
+            out[0] = self.embeddings.row(token)
+            return
+        array = np.asarray(tokens, dtype=np.int64)
+        unknown = array[~self._known[array]]
+        if unknown.size:
+            self._add_extras(list(dict.fromkeys(unknown.tolist())))
+        out[: len(tokens)] = self.embeddings.rows(array)
+
+    def _add_extras(self, tokens: list[int]) -> None:
+        if self.n_extra + len(tokens) > MAX_EXTRA_TOKENS:  # a long chat: start again
+            self._known[self.id_array[self.n_kept :]] = False
+            self.n_extra = 0
+            del self.ids[self.n_kept :]
+            tokens = tokens[-MAX_EXTRA_TOKENS:]
+        at = self.n_extra
+        self._extra_rows[at : at + len(tokens)] = self._output.rows(tokens)
+        self._id_array[self.n_kept + at : self.n_kept + at + len(tokens)] = tokens
+        self.n_extra += len(tokens)
+        self._known[tokens] = True
+        self.ids.extend(tokens)
+
+    @property
+    def id_array(self) -> np.ndarray:
+        """`ids` as an array."""
+        return self._id_array[: self.n_kept + self.n_extra]
+
+    def logits(self, kept: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+        """The logits of a row (or rows): llama.cpp's for the kept tokens, then the extras'."""
+        n = self.n_extra
+        if n == 0:
+            return kept
+        width = self.n_kept + n
+        if kept.ndim == 1:  # a draft step: no temporaries
+            combined = self._row[:width]
+            combined[: self.n_kept] = kept
+            np.dot(self._extra_rows[:n], hidden, out=combined[self.n_kept :])
+            return combined
+        combined = np.empty((len(kept), width), dtype=np.float32)
+        combined[:, : self.n_kept] = kept
+        combined[:, self.n_kept :] = hidden @ self._extra_rows[:n].T
+        return combined

@@ -1,0 +1,162 @@
+"""A draft narrowed to frequent tokens (draft_head.py), on the real SmolLM2 through llama.cpp.
+
+The narrowed copy keeps 8,192 of SmolLM2's 49,152 tokens, so that ordinary text holds tokens
+outside it: those must still be proposed (scored from the draft's hidden state), the kept ones
+must score exactly as in the full draft, and the output must stay the target's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec import draft_head
+from edgespec.backend import Context, Model
+from edgespec.draft_head import NarrowedHead, narrowed_path
+from edgespec.drafts import narrow
+from edgespec.errors import ModelFileError
+from edgespec.gguf_info import read_gguf
+from edgespec.sampling import SamplingParams
+
+from .conftest import N_CTX
+from .test_cli import cli, one_line_error
+from .test_generation import PROMPTS
+from .test_modes import check_greedy
+from .test_sampling_real import PROMPT, N, chi_square_passes, exact_joint
+
+KEEP = 8192
+TEXT = "The quartermaster's zeppelin, Xanthippe, floated over Ouagadougou at dawn."
+
+
+@pytest.fixture(scope="module")
+def narrowed(smol_q4_0):
+    path = narrowed_path(smol_q4_0, KEEP)
+    if not path.exists():
+        narrow(smol_q4_0, path, KEEP)
+    return path
+
+
+@pytest.fixture(scope="module")
+def narrowed_engine(smol_path, narrowed):
+    return edgespec.load(smol_path, draft=narrowed, n_ctx=N_CTX)
+
+
+def test_the_copy_keeps_the_special_and_the_most_frequent_tokens(narrowed, smol_q4_0):
+    info, full = read_gguf(narrowed), read_gguf(smol_q4_0)
+    assert info.narrowed_from == smol_q4_0.name
+    assert info.n_vocab == KEEP and info.full_vocab == full.n_vocab
+    ids = info.token_ids
+    assert ids is not None and np.all(np.diff(ids) > 0)
+    model = Model(smol_q4_0, vocab_only=True)
+    kept = set(ids.tolist())
+    assert set(model.special_tokens()) <= kept
+    for common in ("def", " the", " return", " self"):
+        (token,) = model.tokenize(common, add_special=False)
+        assert token in kept, common
+    rare = model.tokenize(" Ouagadougou", add_special=False)
+    assert not set(rare) <= kept
+
+
+def test_kept_tokens_score_exactly_as_in_the_full_draft_and_others_nearly(narrowed, smol_q4_0):
+    full = Context(Model(smol_q4_0), n_ctx=256, n_threads=2)
+    small = Context(Model(narrowed), n_ctx=256, n_threads=2)
+    head = small.model.head
+    assert head is not None
+    tokens = full.model.tokenize(TEXT, add_special=False)
+
+    reference = full.decode(tokens, 0, logits="all").copy()
+    scored = small.decode(tokens, 0, logits="all").copy()
+
+    outside = [t for t in dict.fromkeys(tokens) if t not in set(head.ids[: head.n_kept])]
+    assert outside, "the text should hold tokens outside the kept set"
+    assert head.ids[head.n_kept :] == outside  # each scored from the moment it is fed
+    assert scored.shape == (len(tokens), KEEP + len(outside))
+    np.testing.assert_array_equal(scored[:, :KEEP], reference[:, head.ids[:KEEP]])
+    # Ours are float32 dot products; llama.cpp's quantize the hidden state to 8 bits first.
+    np.testing.assert_allclose(scored[:, KEEP:], reference[:, outside], atol=0.2)
+    # llama.cpp gives every row when asked for hidden states: "last" must still be the last.
+    small.clear()
+    np.testing.assert_allclose(small.decode(tokens, 0, logits="last")[0], scored[-1], rtol=1e-5)
+
+
+def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
+    monkeypatch.setattr(draft_head, "MAX_EXTRA_TOKENS", 3)
+    head = NarrowedHead(read_gguf(narrowed))
+    kept = set(head.ids)
+    outside = [t for t in range(1000, 49152) if t not in kept][:5]
+    buffer = np.empty((5, head.n_embd), dtype=np.float32)
+
+    head.feed(outside[:2], buffer)
+    head.feed(outside[2:4], buffer)  # 4 > 3: the first two make room
+
+    assert head.ids[head.n_kept :] == outside[2:4]
+    assert head.id_array.tolist() == head.ids
+    head.feed(outside[:1], buffer)  # forgotten, so scored again
+    assert head.ids[head.n_kept :] == [*outside[2:4], outside[0]]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+@pytest.mark.parametrize("mode", ["chain", "tree", "auto"])
+def test_greedy_output_equals_plain_decoding_with_a_narrowed_draft(
+    plain_engine, narrowed_engine, mode, prompt
+):
+    check_greedy(plain_engine, narrowed_engine, prompt, mode)
+
+
+def test_the_narrowed_draft_guesses_the_rare_words_of_its_text(narrowed, smol_q4_0):
+    """The point of the extra tokens: a name met earlier in the text, outside the kept set, is
+    still the draft's guess where the text repeats it."""
+    tokens = Model(smol_q4_0, vocab_only=True).tokenize(f"{TEXT}\n{TEXT}", add_special=False)
+    draft = Context(Model(narrowed), n_ctx=256, n_threads=2)
+    head = draft.model.head
+    assert head is not None
+
+    rows = draft.decode(tokens, 0, logits="all")
+    guesses = [head.ids[j] for j in rows.argmax(axis=1)]
+
+    kept = set(head.ids[: head.n_kept])
+    second = range(len(tokens) // 2 + 1, len(tokens))  # the repeat, after its first token
+    rare = [i for i in second if tokens[i] not in kept]
+    assert len(rare) >= 3
+    hits = sum(guesses[i - 1] == tokens[i] for i in rare)
+    assert hits >= len(rare) * 2 // 3, f"{hits} of {len(rare)} rare tokens guessed"
+
+
+def test_sampling_with_a_narrowed_draft_keeps_the_target_distribution(narrowed_engine):
+    engine = narrowed_engine
+    setting = dict(temperature=1.0)
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
+    pairs = Counter(
+        tuple(engine.generate(prompt, max_tokens=2, mode="chain", seed=seed, **setting).tokens)
+        for seed in range(N)
+    )
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
+def test_a_narrowed_draft_without_its_original_is_one_clear_line(
+    capsys, tmp_path, narrowed, smol_path
+):
+    alone = tmp_path / narrowed.name
+    shutil.copy(narrowed, alone)
+    with pytest.raises(ModelFileError, match="missing"):
+        Model(alone)
+    code, _, err = cli(capsys, "run", "--draft", str(alone), "--target", str(smol_path), "Hi")
+    one_line_error(code, err, narrowed.name, "missing")
+
+
+def test_the_narrow_command_writes_a_copy_next_to_the_draft(capsys, tmp_path, smol_q4_0):
+    draft = tmp_path / smol_q4_0.name
+    shutil.copy(smol_q4_0, draft)
+    code, out, _ = cli(capsys, "narrow", str(draft), "--tokens", "4096")
+    assert code == 0
+    made = narrowed_path(draft, 4096)
+    assert out.strip() == str(made)
+    assert read_gguf(made).n_vocab == 4096
+    one_line_error(*cli(capsys, "narrow", str(made))[::2], "already narrowed")
+    one_line_error(*cli(capsys, "narrow", str(draft), "--tokens", "10")[::2], "--tokens")
