@@ -47,6 +47,7 @@ CORPUS_EVERY = 4  # one file in this many of the standard library: ~7 MB, ~2 s t
 MAX_CACHED_ROWS = 8192  # dequantized input rows kept (3.5 KB each for a 896-wide model)
 # Tokens outside the kept set scored by edgespec: each costs a dot product per draft step.
 MAX_EXTRA_TOKENS = 512
+SMALL_BATCH = 8  # up to this many tokens fed at once are embedded row by row
 
 
 def narrowed_path(draft: Path, n_keep: int = HEAD_TOKENS) -> Path:
@@ -216,7 +217,11 @@ class NarrowedHead:
         unknown = array[~self._known[array]]
         if unknown.size:
             self._add_extras(list(dict.fromkeys(unknown.tolist())))
-        out[: len(tokens)] = self.embeddings.rows(array)
+        if len(tokens) <= SMALL_BATCH:  # a round's catch-up: cached rows (a gather costs ~0.2 ms)
+            for i, token in enumerate(tokens):
+                out[i] = self.embeddings.row(token)
+        else:  # a prompt: one gather, not cached
+            out[: len(tokens)] = self.embeddings.rows(array)
 
     def _add_extras(self, tokens: list[int]) -> None:
         if self.n_extra + len(tokens) > MAX_EXTRA_TOKENS:  # a long chat: start again

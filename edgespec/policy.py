@@ -59,6 +59,11 @@ ANSWER_SHARE = 0.05
 # time since the last try; at ~8 % of a step per token behind here, that never came once an arm
 # had lost, and code after chat went without drafting.
 SURE_TEXT = 0.9
+# ... as this answer's own plain steps show it, this many of them at least: an answer starts
+# with the last one's measure otherwise, and a chat answer after a code one (its 0.9-sure
+# steps) had chains tried, kept for 47 rounds and made 0.90x plain (the narrowed draft, whose
+# cheaper steps opened the gate, 2026-11-24).
+SURE_STEPS = 10
 
 
 @dataclass
@@ -394,13 +399,14 @@ class AutoPolicy:
         self.since_plain = 0  # rounds since the last plain step
         self.can_pay = False  # what the last choice found of models_can_pay()
         self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
-        # An arm in use when the last answer ended is tried afresh on this one: chains that made
-        # 1.3x plain on code made 0.95x on the chat answer after it (two lines of the same run
-        # here), and the old rate took 20 rounds to fade.
+        self.sure_steps = 0  # plain steps of this answer measured so far
+        # An arm in use when the last answer ended is probed afresh on this one, once its text is
+        # sure: chains that made 1.3x plain on code made 0.95x on the chat answer after it (two
+        # lines of the same run here), and the old rate took 20 rounds to fade.
         for arm in self.arms:
             if arm.in_use:
                 arm.in_use = False
-                arm.start_try()
+                arm.since_try = arm.probe_every
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)
@@ -419,6 +425,7 @@ class AutoPolicy:
     def record_plain_step(self, confidence: float) -> None:
         """A plain step: the target's probability of the token it chose."""
         self.target_sure.update(confidence)
+        self.sure_steps += 1
 
     def choose(
         self, ngram_rate: float | None, catch_up_s: float = 0.0, rounds_left: int | None = None
@@ -460,7 +467,7 @@ class AutoPolicy:
             return untried[0].start_try()
         if best is not None:
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
-        sure = self.target_sure.value is not None and self.target_sure.value >= SURE_TEXT
+        sure = self.sure_steps >= SURE_STEPS and (self.target_sure.value or 0.0) >= SURE_TEXT
         due = [a for a in self.arms if a.since_try >= a.probe_every and sure]
         return due[0].start_try() if due else "plain"
 

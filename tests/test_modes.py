@@ -434,6 +434,7 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
         for arm in engine.model_arms:  # tried long ago and lost; its probe is long due
             arm.tried, arm.since_try = True, 10**6
         monkeypatch.setattr(policy, "SURE_TEXT", 0.0)  # on text as predictable as any
+        monkeypatch.setattr(policy, "SURE_STEPS", 0)
         stream = engine.stream(prompt, max_tokens=max_tokens, mode="auto")
         pieces = iter(stream)
         for _ in zip(range(20), pieces, strict=False):

@@ -12,6 +12,7 @@ from edgespec.policy import (
     CEILING_MARGIN,
     KEEP_MARGIN,
     PLAIN_EVERY,
+    SURE_STEPS,
     SURE_TEXT,
     TRY_ROUNDS,
     Arm,
@@ -354,16 +355,18 @@ def test_an_arm_in_use_leaves_room_for_a_plain_step_now_and_then_to_price_it_aga
     assert "plain" not in chosen[: PLAIN_EVERY - TRY_ROUNDS]
 
 
-def test_an_arm_in_use_when_an_answer_ends_is_tried_afresh_on_the_next():
-    """Chains that made 1.3x plain on code made 0.95x on the chat answer after it here."""
+def test_an_arm_in_use_when_an_answer_ends_is_probed_afresh_once_the_next_is_sure_text():
+    """Chains that made 1.3x plain on code made 0.95x on the chat answer after it here; and a
+    chat answer that began with the code answer's sureness had them kept for 47 rounds."""
     arms = [Arm("chain")]
     code = AutoPolicy(costs(step_s=0.025), arms)
     try_arm(code, "chain", tokens=12, seconds=0.25)  # 48 tok/s against 40
+    code.record_plain_step(0.99)
     chat = AutoPolicy(costs(step_s=0.025), arms)
-    try_arm(chat, "chain", tokens=2, seconds=0.06)  # 33 tok/s: a try, judged on its own
-    assert [chat.choose(None) for _ in range(8)] == ["plain"] * 8
-    again = AutoPolicy(costs(step_s=0.025), arms)  # and where it pays again, it is used again
-    chosen = decode(again, again.arms[0].probe_every + TRY_ROUNDS + 1, arm_round=(12, 0.25))
+    assert set(decode(chat, 100, arm_round=(2, 0.06), sure=0.75)) == {"plain"}
+    again = AutoPolicy(costs(step_s=0.025), arms)  # where it pays again, it is used again
+    chosen = decode(again, SURE_STEPS + TRY_ROUNDS + 1, arm_round=(12, 0.25), sure=0.95)
+    assert chosen[:SURE_STEPS] == ["plain"] * SURE_STEPS  # this answer's text measured first
     assert chosen[-1] == "chain" and again.arms[0].in_use
 
 
@@ -424,7 +427,8 @@ def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_t
         policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
         for arm in policy.arms:
             arm.since_try = 10**6  # long due, as far as the time since its last try goes
-        policy.record_plain_step(0.99)  # and the text is predictable
+        for _ in range(SURE_STEPS):  # and the text is predictable
+            policy.record_plain_step(0.99)
         assert (policy.choose(None, catch_up_s, rounds_left) == "chain") is probed
     # Nor a first try: what it would learn could not pay back within this answer either.
     for rounds_left, tried in ((short_answer, False), (10 * short_answer, True)):
