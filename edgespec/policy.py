@@ -19,14 +19,15 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 # it does not, a try only costs (catching the draft up on the whole prompt, then losing rounds).
 CEILING_MARGIN = 1.25
 # The ceiling's tokens are as likely to be accepted as those the draft is this sure of (learnt in
-# the calibrator's bin 0.95-0.98). On a Zen 5 here (2026-11-24) it was 0.97-1.06, so auto never
-# drafted with the model there, though chains made 1.1x plain on some code. Priced with the
-# draft's 0.99-sure tokens instead (right 99.5-100 % of the time on the bench's outputs) it was
-# 1.3-1.4. Opened there, auto lost: 0.1-0.2x on edits and summaries while arms left use after two
-# short chains and probed on chat; and with arms as they are now (judged over ten rounds, probed
-# on sure text only) code fell from 0.98 to 0.94x (medians of 2 repeats in one process): chains
-# were used on 3 of the 4 code prompts and made 0.93-1.01x plain, failed tries cost 5-7 %.
-SUREST = 0.95
+# the calibrator's bin). Priced with its 0.95-sure tokens, the ceiling was 0.97-1.06 on a Zen 5
+# here (2026-11-24) with the Q4_0 draft, 1.18-1.27 with the narrowed one, so auto hardly ever
+# drafted with the model, though `chain` made 1.14-1.37x plain on every code prompt. Priced with
+# its 0.99-sure tokens (right 99.5-100 % of the time on the bench's outputs) it opens there. That
+# lost before probes waited for this answer's own sure text (code 0.98 -> 0.94x with the Q4_0
+# draft); with them and the narrowed draft, in one process, 2 repeats, interleaved: code
+# 0.99 -> 1.07x (binary-search 1.27), chat 0.99 -> 1.00 (no model round on chat), edits and
+# summaries unchanged (no model round either).
+SUREST = 0.99
 # A measured pass cost follows new passes of its size this fast: the load moves within minutes.
 PASS_WEIGHT = 0.2
 # It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
