@@ -18,7 +18,7 @@ import llama_cpp as ll
 import numpy as np
 
 from .cores import PinnedThread
-from .draft_head import NarrowedHead
+from .draft_head import NarrowedHead, RowDequantizer
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
 
@@ -65,6 +65,27 @@ _hidden_address.argtypes = [ctypes.c_void_p]
 _hidden_address.restype = ctypes.c_void_p
 
 
+def row_dequantizer(ggml_type: int) -> RowDequantizer:
+    """llama.cpp's function turning one row of a tensor of `ggml_type` into float32:
+    f(source address, destination address, number of values). F32 rows are copied."""
+    from gguf.constants import GGMLQuantizationType
+    from llama_cpp._ggml import libggml
+
+    name = GGMLQuantizationType(ggml_type).name
+    if name == "F32":
+        return lambda src, dst, n: ctypes.memmove(dst, src, n * 4)
+    symbol = {"F16": "ggml_fp16_to_fp32_row", "BF16": "ggml_bf16_to_fp32_row"}.get(
+        name, f"dequantize_row_{name.lower()}"
+    )
+    try:
+        function = libggml[symbol]
+    except AttributeError:
+        raise ModelFileError(f"this llama.cpp cannot read {name} tensors") from None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    function.restype = None
+    return function
+
+
 class Model:
     """A GGUF model loaded into memory by llama.cpp, with its vocabulary."""
 
@@ -83,7 +104,7 @@ class Model:
         # head.ids[j], and it is fed the full draft's embeddings, not token ids.
         self.head: NarrowedHead | None = None
         if self.info.narrowed_from is not None and not vocab_only:
-            self.head = NarrowedHead(self.info)
+            self.head = NarrowedHead(self.info, row_dequantizer)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0
         params.vocab_only = vocab_only

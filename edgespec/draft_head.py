@@ -44,10 +44,8 @@ from .gguf_info import (
 PER_TOKEN_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 HEAD_TOKENS = 32768  # tokens kept; FR-Spec's choice for Llama-3's 128k vocabulary, as here
 CORPUS_EVERY = 4  # one file in this many of the standard library: ~7 MB, ~2 s to tokenize
-MAX_CACHED_ROWS = 8192  # dequantized input rows kept (3.5 KB each for a 896-wide model)
 # Tokens outside the kept set scored by edgespec: each costs a dot product per draft step.
 MAX_EXTRA_TOKENS = 512
-SMALL_BATCH = 8  # up to this many tokens fed at once are embedded row by row
 
 
 def narrowed_path(draft: Path, n_keep: int = HEAD_TOKENS) -> Path:
@@ -145,37 +143,39 @@ def write_narrowed(src: Path, dst: Path, token_ids: np.ndarray) -> None:
     writer.close()
 
 
+# llama.cpp's dequantizer of one row: (source address, float32 destination address, values).
+RowDequantizer = Callable[[int, int, int], None]
+
+
 class TableRows:
-    """Rows of a tensor of a GGUF (one per token) as float32, dequantized on demand; llama.cpp
-    dequantizes the same bytes the same way, so fed as embeddings they give the same logits."""
+    """Rows of a tensor of a GGUF (one per token) as float32, dequantized on demand by
+    llama.cpp's own function for the type (`dequantize`), so fed as embeddings they give the
+    same logits as its own lookup. A row costs a few microseconds: no cache is worth keeping."""
 
-    def __init__(self, path: Path, span: TensorSpan, n_embd: int):
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    def __init__(self, path: Path, span: TensorSpan, n_embd: int, dequantize: RowDequantizer):
+        from gguf.constants import GGML_QUANT_SIZES
 
-        self.qtype = GGMLQuantizationType(span.ggml_type)
-        block, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        block, block_bytes = GGML_QUANT_SIZES[span.ggml_type]
         self.n_embd = n_embd
         n_rows = span.n_elements // n_embd
-        row_bytes = n_embd // block * block_bytes
+        self._row_bytes = n_embd // block * block_bytes
         self._table = np.memmap(
-            path, dtype=np.uint8, mode="r", offset=span.offset, shape=(n_rows, row_bytes)
+            path, dtype=np.uint8, mode="r", offset=span.offset, shape=(n_rows, self._row_bytes)
         )
-        self._rows: dict[int, np.ndarray] = {}
+        self._address = self._table.ctypes.data
+        self._dequantize = dequantize
 
-    def row(self, token: int) -> np.ndarray:
-        cached = self._rows.get(token)
-        if cached is None:
-            if len(self._rows) >= MAX_CACHED_ROWS:
-                self._rows.clear()
-            cached = self.rows([token])[0]
-            self._rows[token] = cached
-        return cached
+    def into(self, tokens: Sequence[int], out: np.ndarray) -> None:
+        """out[i] = the row of tokens[i]; `out` is a C-contiguous float32 (>= n, n_embd) array."""
+        assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape[-1] == self.n_embd
+        address, dst, row_bytes, n = self._address, out.ctypes.data, self._row_bytes, self.n_embd
+        for i, token in enumerate(tokens):
+            self._dequantize(address + token * row_bytes, dst + i * n * 4, n)
 
     def rows(self, tokens: Sequence[int]) -> np.ndarray:
-        from gguf.quants import dequantize
-
-        raw = np.asarray(self._table[np.asarray(tokens, dtype=np.int64)])
-        return dequantize(raw, self.qtype).reshape(len(tokens), self.n_embd)
+        out = np.empty((len(tokens), self.n_embd), dtype=np.float32)
+        self.into(tokens, out)
+        return out
 
 
 class NarrowedHead:
@@ -186,15 +186,20 @@ class NarrowedHead:
     Logits rows come out as the kept tokens' then these extra tokens': row j is token ids[j].
     """
 
-    def __init__(self, info: GGUFInfo):
+    def __init__(self, info: GGUFInfo, dequantizer: Callable[[int], RowDequantizer]):
+        """`dequantizer(ggml_type)`: llama.cpp's row dequantizer for a type (backend.py)."""
         assert info.token_ids is not None and info.full_vocab is not None
         source = source_of(info)
         if source.token_embd is None or not source.n_embd:
             raise ModelFileError(f"{source.path} has no token embedding table")
         self.n_embd = source.n_embd
-        self.embeddings = TableRows(source.path, source.token_embd, self.n_embd)
+
+        def table(span: TensorSpan) -> TableRows:
+            return TableRows(source.path, span, self.n_embd, dequantizer(span.ggml_type))
+
+        self.embeddings = table(source.token_embd)
         # The output matrix, or the embedding table where the model ties them.
-        self._output = TableRows(source.path, source.output or source.token_embd, self.n_embd)
+        self._output = table(source.output or source.token_embd)
         self.n_kept = len(info.token_ids)
         self._known = np.zeros(info.full_vocab, dtype=bool)  # kept, or already an extra
         self._known[info.token_ids] = True
@@ -208,20 +213,14 @@ class NarrowedHead:
     def feed(self, tokens: Sequence[int], out: np.ndarray) -> None:
         """out[i] = the embedding of tokens[i]; tokens outside the kept set become extras."""
         if len(tokens) == 1:
-            token = tokens[0]
-            if not self._known[token]:
-                self._add_extras([token])
-            out[0] = self.embeddings.row(token)
-            return
-        array = np.asarray(tokens, dtype=np.int64)
-        unknown = array[~self._known[array]]
-        if unknown.size:
-            self._add_extras(list(dict.fromkeys(unknown.tolist())))
-        if len(tokens) <= SMALL_BATCH:  # a round's catch-up: cached rows (a gather costs ~0.2 ms)
-            for i, token in enumerate(tokens):
-                out[i] = self.embeddings.row(token)
-        else:  # a prompt: one gather, not cached
-            out[: len(tokens)] = self.embeddings.rows(array)
+            if not self._known[tokens[0]]:
+                self._add_extras([tokens[0]])
+        else:
+            array = np.asarray(tokens, dtype=np.int64)
+            unknown = array[~self._known[array]]
+            if unknown.size:
+                self._add_extras(list(dict.fromkeys(unknown.tolist())))
+        self.embeddings.into(tokens, out)
 
     def _add_extras(self, tokens: list[int]) -> None:
         if self.n_extra + len(tokens) > MAX_EXTRA_TOKENS:  # a long chat: start again
@@ -230,7 +229,7 @@ class NarrowedHead:
             del self.ids[self.n_kept :]
             tokens = tokens[-MAX_EXTRA_TOKENS:]
         at = self.n_extra
-        self._extra_rows[at : at + len(tokens)] = self._output.rows(tokens)
+        self._output.into(tokens, self._extra_rows[at : at + len(tokens)])
         self._id_array[self.n_kept + at : self.n_kept + at + len(tokens)] = tokens
         self.n_extra += len(tokens)
         self._known[tokens] = True

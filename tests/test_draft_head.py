@@ -15,8 +15,8 @@ import pytest
 
 import edgespec
 from edgespec import draft_head
-from edgespec.backend import Context, Model
-from edgespec.draft_head import NarrowedHead, narrowed_path
+from edgespec.backend import Context, Model, row_dequantizer
+from edgespec.draft_head import NarrowedHead, TableRows, narrowed_path
 from edgespec.drafts import narrow
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
@@ -83,9 +83,33 @@ def test_kept_tokens_score_exactly_as_in_the_full_draft_and_others_nearly(narrow
     np.testing.assert_allclose(small.decode(tokens, 0, logits="last")[0], scored[-1], rtol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["smol_path", "smol_q4_0", "smol_q2_k"])
+def test_rows_are_dequantized_as_gguf_py_does(model, request):
+    """llama.cpp's own row functions (a few µs a row) read every type the tables come in."""
+    from gguf.quants import dequantize
+
+    info = read_gguf(request.getfixturevalue(model))
+    assert info.token_embd is not None and info.n_embd
+    table = TableRows(
+        info.path, info.token_embd, info.n_embd, row_dequantizer(info.token_embd.ggml_type)
+    )
+    tokens = [0, 7, 1234, info.n_vocab - 1]
+    raw = np.asarray(table._table[tokens])
+    expected = dequantize(raw, info.token_embd.ggml_type).reshape(len(tokens), info.n_embd)
+    np.testing.assert_array_equal(table.rows(tokens), expected)
+
+
+@pytest.mark.parametrize(("ggml_type", "dtype"), [(0, np.float32), (1, np.float16)])
+def test_float_rows_are_copied_or_widened(ggml_type, dtype):
+    values = np.linspace(-2.0, 2.0, 64).astype(dtype)
+    out = np.empty(64, dtype=np.float32)
+    row_dequantizer(ggml_type)(values.ctypes.data, out.ctypes.data, len(values))
+    np.testing.assert_array_equal(out, values.astype(np.float32))
+
+
 def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
     monkeypatch.setattr(draft_head, "MAX_EXTRA_TOKENS", 3)
-    head = NarrowedHead(read_gguf(narrowed))
+    head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
     kept = set(head.ids)
     outside = [t for t in range(1000, 49152) if t not in kept][:5]
     buffer = np.empty((5, head.n_embd), dtype=np.float32)
