@@ -345,7 +345,8 @@ class Arm:
 
     An engine keeps its arms from one generation to the next: what a try measured on this device
     still holds for the next prompt, and a first try costs catching the draft up on the whole
-    prompt (1.5-2 s for a 400-token edit here), so it is not repeated for every generation.
+    prompt (1.5-2 s for a 400-token edit here), so an arm that lost is tried again only once
+    the text shows it may pay (AutoPolicy: sure text), and ever less often while it loses.
     """
 
     name: str
@@ -377,8 +378,8 @@ class Arm:
 
     @classmethod
     def remembered(cls, name: str, probe_every: int) -> Arm:
-        """An arm as an earlier run on this device left it: one that lost there waits its
-        turn to be probed instead of being tried first (a new process knows nothing else)."""
+        """An arm as an earlier run on this device left it: one that lost there waits for sure
+        text to be probed instead of being tried first (a new process knows nothing else)."""
         if probe_every <= FIRST_PROBE_EVERY:
             return cls(name)
         return cls(name, probe_every=min(probe_every, AutoPolicy.MAX_PROBE_EVERY), tried=True)
@@ -401,13 +402,15 @@ class AutoPolicy:
         self.can_pay = False  # what the last choice found of models_can_pay()
         self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
         self.sure_steps = 0  # plain steps of this answer measured so far
-        # An arm in use when the last answer ended is probed afresh on this one, once its text is
-        # sure: chains that made 1.3x plain on code made 0.95x on the chat answer after it (two
-        # lines of the same run here), and the old rate took 20 rounds to fade.
+        # Every arm is probed afresh on a new answer, once its text is sure. One in use when the
+        # last answer ended: chains that made 1.3x plain on code made 0.95x on the chat answer
+        # after it (two lines of the same run here), and the old rate took 20 rounds to fade.
+        # One that lost there: its tries, spaced out by chat answers to one in 256 rounds (and
+        # remembered on this device), never came on the code answers after them, where chains
+        # made 1.19x plain and auto 0.97x (2026-11-24).
         for arm in self.arms:
-            if arm.in_use:
-                arm.in_use = False
-                arm.since_try = arm.probe_every
+            arm.in_use = False
+            arm.since_try = arm.probe_every
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)

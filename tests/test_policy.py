@@ -10,6 +10,7 @@ import pytest
 from edgespec.policy import (
     ANSWER_SHARE,
     CEILING_MARGIN,
+    FIRST_PROBE_EVERY,
     KEEP_MARGIN,
     PLAIN_EVERY,
     SURE_STEPS,
@@ -410,7 +411,7 @@ def test_a_probe_waits_for_text_the_target_is_sure_of():
     chat = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
     assert set(decode(chat, 1000, arm_round=(1, 0.06), sure=0.75)) == {"plain"}
     code = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
-    assert decode(code, 40, arm_round=(1, 0.06), sure=0.95).index("chain") == 31
+    assert decode(code, 40, arm_round=(1, 0.06), sure=0.95).index("chain") == SURE_STEPS
     # It is the recent tokens that count: a code block in a chat answer gets its probe.
     mixed = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
     chosen = decode(mixed, 100, arm_round=(1, 0.06), sure=0.75)
@@ -494,13 +495,32 @@ def test_what_an_arm_learnt_carries_over_to_the_next_generation():
     first = AutoPolicy(costs(step_s=0.03), arms)
     try_arm(first, "chain", tokens=1, seconds=0.06)  # loses: half the plain rate
     second = AutoPolicy(costs(step_s=0.03), arms)  # the next prompt, same engine
-    assert [second.choose(None) for _ in range(8)] == ["plain"] * 8  # not tried again at once
+    # Not tried again at once: it waits for this answer's text to be sure,
+    assert [second.choose(None) for _ in range(SURE_STEPS)] == ["plain"] * SURE_STEPS
+    chosen = decode(second, 200, arm_round=(1, 0.06), sure=0.95)
+    # and losing again, its next try comes later than the last answer's would have.
+    tries = [i for i, c in enumerate(chosen) if c == "chain" and (i == 0 or chosen[i - 1] != c)]
+    assert tries[1] - tries[0] >= 4 * FIRST_PROBE_EVERY
 
 
-def test_an_arm_that_lost_in_an_earlier_run_waits_for_its_probe_instead_of_going_first():
+def test_every_new_answer_probes_the_arms_once_its_text_is_sure_whatever_earlier_ones_did():
+    """Chat answers had spaced a chain's tries out to one in 256 rounds (remembered on this
+    device): on the code answers after them no try came, where chains made 1.19x plain."""
+    arms = [Arm.remembered("chain", probe_every=AutoPolicy.MAX_PROBE_EVERY)]
+    for _ in range(3):
+        chat = AutoPolicy(costs(step_s=0.025), arms)
+        assert set(decode(chat, 300, arm_round=(2, 0.06), sure=0.75)) == {"plain"}
+    code = AutoPolicy(costs(step_s=0.025), arms)
+    chosen = decode(code, SURE_STEPS + TRY_ROUNDS + 1, arm_round=(12, 0.25), sure=0.95)
+    assert chosen[:SURE_STEPS] == ["plain"] * SURE_STEPS
+    assert chosen[-1] == "chain" and code.arms[0].in_use
+
+
+def test_an_arm_that_lost_in_an_earlier_run_waits_for_sure_text_instead_of_going_first():
     lost = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
     choices = decode(lost, 40, arm_round=(1, 0.06))
-    assert choices.index("chain") == 31  # the 32nd round is its probe
+    assert choices.index("chain") == SURE_STEPS  # probed once the answer shows sure text
+    assert lost.arms[0].probe_every == 64  # and, losing again, later and later
     fresh = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=8)])
     assert fresh.choose(None) == "chain"  # it did not lose: tried first, as a new arm
     assert Arm.remembered("tree", 10**6).probe_every == AutoPolicy.MAX_PROBE_EVERY
