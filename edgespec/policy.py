@@ -407,10 +407,13 @@ class AutoPolicy:
         # after it (two lines of the same run here), and the old rate took 20 rounds to fade.
         # One that lost there: its tries, spaced out by chat answers to one in 256 rounds (and
         # remembered on this device), never came on the code answers after them, where chains
-        # made 1.19x plain and auto 0.97x (2026-11-24).
+        # made 1.19x plain and auto 0.97x (2026-11-24). A try the last answer left unfinished is
+        # dropped: one begun in the bench's short warm-up was judged on the next prompt's first
+        # round, before its text had shown anything.
         for arm in self.arms:
             arm.in_use = False
             arm.since_try = arm.probe_every
+            arm.trying = 0
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)

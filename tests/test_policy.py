@@ -516,6 +516,18 @@ def test_every_new_answer_probes_the_arms_once_its_text_is_sure_whatever_earlier
     assert chosen[-1] == "chain" and code.arms[0].in_use
 
 
+def test_a_try_left_unfinished_by_an_answer_is_not_finished_on_the_next_one():
+    arms = [Arm("chain")]
+    short = AutoPolicy(costs(step_s=0.025), arms)  # an answer of two rounds
+    for _ in range(2):
+        assert short.choose(None) == "chain"
+        short.record_arm("chain", 1, 0.06)
+    following = AutoPolicy(costs(step_s=0.025), arms)
+    chosen = decode(following, SURE_STEPS + TRY_ROUNDS, arm_round=(12, 0.25), sure=0.95)
+    assert chosen[:SURE_STEPS] == ["plain"] * SURE_STEPS  # not judged on its first round,
+    assert following.arms[0].in_use  # but tried afresh on its own sure text
+
+
 def test_an_arm_that_lost_in_an_earlier_run_waits_for_sure_text_instead_of_going_first():
     lost = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
     choices = decode(lost, 40, arm_round=(1, 0.06))
