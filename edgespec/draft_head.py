@@ -172,11 +172,6 @@ class TableRows:
         for i, token in enumerate(tokens):
             self._dequantize(address + token * row_bytes, dst + i * n * 4, n)
 
-    def rows(self, tokens: Sequence[int]) -> np.ndarray:
-        out = np.empty((len(tokens), self.n_embd), dtype=np.float32)
-        self.into(tokens, out)
-        return out
-
 
 class NarrowedHead:
     """What a narrowed draft needs beyond llama.cpp: its input embeddings, and the logits of the
