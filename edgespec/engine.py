@@ -610,11 +610,7 @@ class Engine:
         making (policy.ModelOrNgram): then it is verified alone and the draft rests."""
         proposal = None
         if run.cfg.ngram:
-            limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
-            proposal = run.ngram.propose(run.tokens, max(limit, 0))
-            if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
-                run.ngram.watch(proposal, len(run.tokens))
-            length, ngram_rate = self._ngram_length(run, proposal)
+            proposal, length, ngram_rate = self._priced_proposal(run, room)
             if length and run.drafters.choose(ngram_rate) == "ngram":
                 run.stats.record_choice("ngram")
                 return self._verify_ngram(run, replace(proposal, tokens=proposal.tokens[:length]))
@@ -623,6 +619,14 @@ class Engine:
         decided = model_round(proposal)
         run.drafters.record_model_round(len(decided), time.perf_counter() - t0)
         return decided
+
+    def _priced_proposal(self, run: _Run, room: int) -> tuple[Proposal, int, float | None]:
+        """The n-gram drafter's proposal (up to MAX_AUTO_DRAFT), and `_ngram_length` of it."""
+        limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
+        proposal = run.ngram.propose(run.tokens, max(limit, 0))
+        if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
+            run.ngram.watch(proposal, len(run.tokens))
+        return proposal, *self._ngram_length(run, proposal)
 
     def _ngram_length(self, run: _Run, proposal: Proposal) -> tuple[int, float | None]:
         """How much of the n-gram proposal to verify for the best expected rate, and that rate;
@@ -754,10 +758,7 @@ class Engine:
         round made 0.48x plain on chat here, where little repeats, and 1.00x on copy-heavy edits.
         """
         if run.cfg.draft_max is None and run.sampling.greedy:
-            limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
-            proposal = run.ngram.propose(run.tokens, max(limit, 0))
-            run.ngram.watch(proposal, len(run.tokens))  # learns what the whole one was worth
-            length, _ = self._ngram_length(run, proposal)
+            proposal, length, _ = self._priced_proposal(run, room)
             run.stats.record_choice("ngram" if length else "plain")
             return self._verify_chain(run, proposal.tokens[:length], from_draft=False)
         k = min(run.cfg.draft_max or NGRAM_DRAFT_MAX, room, self._tokens_left(run) - 1)
