@@ -49,8 +49,9 @@ MinP = Annotated[
 Seed = Annotated[
     int | None,
     typer.Option(
-        help="Random seed for sampling: the same text again in --mode target, chain with "
-        "--draft-max and --no-ngram, tree with --no-ngram (elsewhere drafting adapts to speed)"
+        help="Random seed for sampling: the same text again in --mode target, ngram with "
+        "--draft-max, chain with --draft-max and --no-ngram, tree with --no-ngram (elsewhere "
+        "drafting adapts to speed)"
     ),
 ]
 Threads = Annotated[

@@ -64,7 +64,6 @@ from .tree import (
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
 MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by default)
-NGRAM_DRAFT_MAX = 4  # --mode ngram's proposals without --draft-max when sampling
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
@@ -84,8 +83,8 @@ class GenerationConfig:
     min_p: float = 0.0
     seed: int | None = None
     # Tokens a chain drafts, an n-gram round proposes. None: chain mode drafts as auto's chains
-    # do, while one more token raises the expected rate; greedy n-gram mode verifies as much of
-    # its proposal as pays, sampling proposes NGRAM_DRAFT_MAX.
+    # do, while one more token raises the expected rate; n-gram mode verifies as much of its
+    # proposal as pays.
     draft_max: int | None = None
     stop: Sequence[str] = ()
     chat: bool | None = None  # None: use the chat template when the target has one
@@ -613,7 +612,7 @@ class Engine:
             proposal, length, ngram_rate = self._priced_proposal(run, room)
             if length and run.drafters.choose(ngram_rate) == "ngram":
                 run.stats.record_choice("ngram")
-                return self._verify_ngram(run, replace(proposal, tokens=proposal.tokens[:length]))
+                return self._verify_chain(run, proposal.tokens[:length], from_draft=False)
         run.stats.record_choice(run.stats.mode)  # "chain" or "tree"
         t0 = time.perf_counter()
         decided = model_round(proposal)
@@ -624,8 +623,7 @@ class Engine:
         """The n-gram drafter's proposal (up to MAX_AUTO_DRAFT), and `_ngram_length` of it."""
         limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
         proposal = run.ngram.propose(run.tokens, max(limit, 0))
-        if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
-            run.ngram.watch(proposal, len(run.tokens))
+        run.ngram.watch(proposal, len(run.tokens))  # learn what it was worth, verified or not
         return proposal, *self._ngram_length(run, proposal)
 
     def _ngram_length(self, run: _Run, proposal: Proposal) -> tuple[int, float | None]:
@@ -638,13 +636,6 @@ class Engine:
             run.costs,
         )
         return length, (rate if length else None)
-
-    def _verify_ngram(self, run: _Run, proposal: Proposal) -> list[int]:
-        decided = self._verify_chain(run, proposal.tokens, from_draft=False)
-        if not run.sampling.greedy:  # greedy proposals are judged by watch() as tokens come
-            accepted = len(decided) - 1
-            run.ngram.record(proposal.ngram, len(proposal.tokens), accepted, proposal.streak)
-        return decided
 
     def _draft_chain(
         self, run: _Run, k: int, keep_going: Callable[[list[float]], bool] | None = None
@@ -753,15 +744,18 @@ class Engine:
     def _round_ngram(self, run: _Run, room: int) -> list[int]:
         """Prompt lookup: propose what followed the longest recent match of the text's end.
 
-        Greedy without --draft-max, the proposal is verified only as far as it pays, as in auto
-        (a round whose proposal does not is a plain step): proposing NGRAM_DRAFT_MAX tokens every
-        round made 0.48x plain on chat here, where little repeats, and 1.00x on copy-heavy edits.
+        Without --draft-max, the proposal is verified only as far as it pays, as in auto (a round
+        whose proposal does not is a plain step): proposing 4 tokens every round made 0.48x plain
+        on chat here, where little repeats, and 1.00x on copy-heavy edits. Sampling prices it
+        the same way: a proposed token is accepted with the target's probability of it, the
+        chance that the token sampled there is that token, so watching sampled text learns its
+        acceptance as watching greedy text does.
         """
-        if run.cfg.draft_max is None and run.sampling.greedy:
+        if run.cfg.draft_max is None:
             proposal, length, _ = self._priced_proposal(run, room)
             run.stats.record_choice("ngram" if length else "plain")
             return self._verify_chain(run, proposal.tokens[:length], from_draft=False)
-        k = min(run.cfg.draft_max or NGRAM_DRAFT_MAX, room, self._tokens_left(run) - 1)
+        k = min(run.cfg.draft_max, room, self._tokens_left(run) - 1)
         proposal = run.ngram.propose(run.tokens, max(k, 0))
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
         run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1, proposal.streak)
@@ -791,10 +785,10 @@ class Engine:
         choice = policy.choose(ngram_rate, self._catch_up_s(run), rounds_left)
         run.stats.record_choice(choice)
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
-        if run.sampling.greedy:  # learn what the whole proposal was worth, verified or not
-            run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
+        # Learn what the whole proposal was worth, verified or not.
+        run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
         if choice == "ngram":
-            decided = self._verify_ngram(run, proposal)
+            decided = self._verify_chain(run, proposal.tokens, from_draft=False)
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":

@@ -109,8 +109,10 @@ class NgramDrafter:
     def watch(self, proposal: Proposal, start: int) -> None:
         """Learn from a whole proposal by comparing it with the tokens decided at positions
         `start`... as they come: under greedy decoding, exactly what verifying it would have
-        accepted. Verifying only the part worth its cost would teach nothing about the rest, and
-        a proposal not verified at all nothing: the estimates could never grow."""
+        accepted; under sampling, a draw of it (a proposed token is accepted with the target's
+        probability of it, the chance that the token sampled there is it). Verifying only the
+        part worth its cost would teach nothing about the rest, and a proposal not verified at
+        all nothing: the estimates could never grow."""
         if proposal.tokens and proposal.ngram > 0 and len(self._watched) < MAX_WATCHED:
             self._watched.append(_Watched(proposal, start))
 

@@ -193,6 +193,25 @@ def test_a_watched_proposal_is_judged_by_the_tokens_decided_after_it():
     assert [drafter.acceptance(2, i) for i in range(3)] == judged
 
 
+def test_watching_sampled_text_learns_what_verifying_its_proposals_would():
+    """Under sampling a proposed token is accepted with the target's probability of it (a point
+    mass), which is the chance that the token sampled there is that token: watching the sampled
+    text estimates the acceptance that verifying every proposal would measure."""
+    rng = random.Random(0)
+    p_proposed = 0.8  # the target's probability of the proposed token (prior: 0.3)
+    watching, verifying = NgramDrafter(), NgramDrafter()
+    history = [5, 6, 7]
+    for _ in range(400):
+        proposal = Proposal([7], ngram=2, confidence=0.3, origins=[2], replaced=[False])
+        watching.watch(proposal, start=len(history))
+        sampled = 7 if rng.random() < p_proposed else 4
+        verifying.record(2, proposed=1, accepted=int(rng.random() < p_proposed))
+        history.append(sampled)
+        watching.propose(history, max_len=1)  # judges the watched proposal
+    assert watching.acceptance(2, 0) == pytest.approx(p_proposed, abs=0.08)
+    assert verifying.acceptance(2, 0) == pytest.approx(p_proposed, abs=0.08)
+
+
 def test_proposals_inside_a_copied_span_learn_apart_from_the_others():
     drafter, fresh = NgramDrafter(), NgramDrafter()
     for _ in range(20):

@@ -2,7 +2,8 @@
 
 The first two tokens of many seeded generations, through `generate`, are checked against the
 target's exact distribution (computed from its logits) by a chi-square test, for plain sampling and
-for chain and tree speculation with a genuinely different draft (the Q2_K requantization).
+for chain and tree speculation with a genuinely different draft (the Q2_K requantization), and
+for n-gram proposals (point masses).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from .helpers import fresh_logits
 from .test_sampling import chi_square_critical
 
 PROMPT = "My favourite food is"  # a spread-out first token: 15-24 cells to compare
+# An n-gram proposal (" pizza. My favourite") whose first token the target gives 0.3: point masses
+# accepted and rejected alike. --draft-max makes every round verify one.
+NGRAM_PROMPT = "My favourite food is pizza. My favourite food is"
+MODE_SETTINGS = {"ngram": {"draft_max": 4}}
 N = 600  # generations per mode and setting
 SETTINGS = {
     "temp 1": dict(temperature=1.0),
@@ -51,16 +56,21 @@ def chi_square_passes(observed: Counter, expected: dict, n: int) -> tuple[bool, 
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("mode", ["target", "chain", "tree"])
+@pytest.mark.parametrize("mode", ["target", "chain", "tree", "ngram"])
 def test_first_two_tokens_follow_the_target_distribution(q2_draft_engine, mode, setting):
     engine = q2_draft_engine
     params = SamplingParams(**SETTINGS[setting])
-    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    prompt = engine.prompt_tokens(NGRAM_PROMPT if mode == "ngram" else PROMPT, chat_mode=False)
     p1, joint = exact_joint(engine, prompt, params, min_count=5)
     firsts, pairs = Counter(), Counter()
     for seed in range(N):
         tokens = engine.generate(
-            prompt, max_tokens=2, mode=mode, seed=seed, **SETTINGS[setting]
+            prompt,
+            max_tokens=2,
+            mode=mode,
+            seed=seed,
+            **SETTINGS[setting],
+            **MODE_SETTINGS.get(mode, {}),
         ).tokens
         firsts[tokens[0]] += 1
         pairs[tuple(tokens[:2])] += 1
@@ -89,6 +99,7 @@ def test_the_check_catches_a_wrong_distribution(q2_draft_engine):
 # differently from run to run: reproducible are the modes that draft the same way every time.
 FIXED_DRAFTING = {
     "target": {},
+    "ngram": {"draft_max": 4},
     "chain": {"draft_max": 4, "ngram": False},
     "tree": {"ngram": False},
 }
