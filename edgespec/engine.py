@@ -773,27 +773,16 @@ class Engine:
                 self._start_costs(costs, time.perf_counter() - t0)
             run.warmed_up = True
             return decided
-        proposal = run.ngram.propose(run.tokens, max(limit, 0))
-        ngram_rate, full_proposal = None, proposal.tokens
-        if proposal.tokens:
-            length, ngram_rate = best_proposal_length(
-                run.ngram.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak),
-                costs,
-            )
-            proposal.tokens = proposal.tokens[:length]
-        rounds_left = self._tokens_left(run)
-        choice = policy.choose(ngram_rate, self._catch_up_s(run), rounds_left)
+        proposal, length, ngram_rate = self._priced_proposal(run, room)
+        choice = policy.choose(ngram_rate, self._catch_up_s(run), self._tokens_left(run))
         run.stats.record_choice(choice)
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
-        # Learn what the whole proposal was worth, verified or not.
-        run.ngram.watch(replace(proposal, tokens=full_proposal), len(run.tokens))
         if choice == "ngram":
-            decided = self._verify_chain(run, proposal.tokens, from_draft=False)
+            decided = self._verify_chain(run, proposal.tokens[:length], from_draft=False)
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":
-            graft = replace(proposal, tokens=full_proposal) if run.sampling.greedy else None
-            decided = self._round_tree(run, room, graft)
+            decided = self._round_tree(run, room, proposal if run.sampling.greedy else None)
         else:
             token, row = self._plain_step(run)
             costs.step_s.update(time.perf_counter() - t0)
