@@ -476,6 +476,7 @@ class Engine:
             else:
                 self._trim_caches(run)
             if run.policy is not None:
+                run.policy.finish()
                 self._step_s = run.costs.step_s.value
                 self._remember_passes(run.costs)
                 if self._arms_key:
@@ -485,12 +486,9 @@ class Engine:
         """Keep what auto mode learnt about the draft on this device for the next run."""
         assert self._arms_key is not None
         costs = policy.costs
-        draft_cost = self._memory.draft_cost
-        # Only a generation that timed a draft step knows its cost; another one's is the estimate
-        # it started from, drifted with the plain steps it timed since.
-        draft_s, step_s = costs.draft_s.value, costs.step_s.value
-        if draft_s is not None and step_s is not None and not costs.draft_estimated:
-            draft_cost = draft_s / step_s
+        # Only a generation that timed draft steps knows their cost; another one's is the
+        # estimate it started from, drifted with the plain steps it timed since.
+        draft_cost = costs.draft_cost(known=self._memory.draft_cost)
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         memory = AutoMemory(tried, draft_cost)
         # A chat remembers after every answer: the file is written only when it would change.

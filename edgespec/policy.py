@@ -47,9 +47,17 @@ KEEP_MARGIN = 0.97
 # plain decoding as fast as it is now, not as one step timed minutes ago under another load
 # (35 against 40 tok/s here). At 1.1x plain this costs 0.1 % of the arm's gain.
 PLAIN_EVERY = 16
-# A try of a model arm spans this many of its rounds and is judged on their sum: one chain round
-# is a gamble (here they yielded 1 to 16 tokens on the same code), so one round alone says little.
+# A try of a model arm spans at least this many of its rounds and is judged on their sum: one
+# chain round is a gamble (here they yielded 1 to 16 tokens on the same code), so one round alone
+# says little.
 TRY_ROUNDS = 4
+# A try whose rate is still within reach of winning (at least TRY_GIVE_UP of plain decoding's)
+# goes on, up to TRY_MAX_ROUNDS rounds: chains gain in runs of 15 sure tokens (1.6x plain) between
+# rounds that break even, so of all the windows of four chain rounds on code where chains made
+# 1.08-1.21x plain here, only 30-65 % beat plain decoding; a try that goes on while undecided won
+# 41-85 % of the time there, and 18 % where chains made 0.91x (replayed on traced rounds).
+TRY_MAX_ROUNDS = 16
+TRY_GIVE_UP = 0.85
 # A try first catches the draft up on every token decided without it: 2-4 s on a long chat or
 # edit here. It waits until that is at most this share of the time the answer has left: a try
 # that finds the draft worth using can only pay back within the answer it is made in.
@@ -65,6 +73,13 @@ SURE_TEXT = 0.9
 # steps) had chains tried, kept for 47 rounds and made 0.90x plain (the narrowed draft, whose
 # cheaper steps opened the gate, 2026-11-24).
 SURE_STEPS = 10
+# What a draft step costs is remembered for the next answers from a generation that timed at
+# least this many draft rounds (or from any, where nothing was known). One chain round timed at
+# 12 ms (0.48 of a target step, twice the usual), right after catching the draft up on a prompt,
+# was remembered; it put the chain's ceiling at 1.1, below the gate, so the draft was never used
+# again and never timed again: every later code answer of that engine decoded plainly
+# (2026-11-24, 0.97-1.00x where chains made 1.1).
+MIN_DRAFT_ROUNDS = 4
 
 
 @dataclass
@@ -128,6 +143,7 @@ class Costs:
     pass_steps: dict[int, Ema] = field(default_factory=dict)
     pass_seen: dict[int, int] = field(default_factory=dict)  # passes each rests on, capped
     draft_estimated: bool = False  # draft_s is an estimate from before this generation
+    draft_rounds: int = 0  # rounds whose draft steps were timed in this generation
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -143,6 +159,18 @@ class Costs:
         if self.draft_estimated:
             self.draft_s.value, self.draft_estimated = None, False
         self.draft_s.update(seconds)
+        self.draft_rounds += 1
+
+    def draft_cost(self, known: float | None) -> float | None:
+        """A draft step in target steps to remember after this generation, where `known` is
+        what was remembered before it: as timed here if it timed MIN_DRAFT_ROUNDS rounds of draft
+        steps, or any where nothing was known; else `known`."""
+        draft_s, step_s = self.draft_s.value, self.step_s.value
+        if not self.draft_rounds or draft_s is None or step_s is None:
+            return known
+        if self.draft_rounds < MIN_DRAFT_ROUNDS and known is not None:
+            return known
+        return draft_s / step_s
 
     @property
     def measured(self) -> bool:
@@ -361,8 +389,9 @@ class Arm:
     probe_every: int = FIRST_PROBE_EVERY  # rounds between tries; doubles per failed try
     since_try: int = 0
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
-    trying: int = 0  # rounds of the current try still to come
-    try_tokens: int = 0  # what the current try's rounds made so far
+    trying: bool = False  # a try is under way
+    try_rounds: int = 0  # what the current try's rounds made so far
+    try_tokens: int = 0
     try_seconds: float = 0.0
 
     @property
@@ -373,7 +402,7 @@ class Arm:
         return self.tokens.value / self.seconds.value
 
     def start_try(self) -> str:
-        self.trying, self.try_tokens, self.try_seconds = TRY_ROUNDS, 0, 0.0
+        self.trying, self.try_rounds, self.try_tokens, self.try_seconds = True, 0, 0, 0.0
         return self.name
 
     @classmethod
@@ -413,7 +442,7 @@ class AutoPolicy:
         for arm in self.arms:
             arm.in_use = False
             arm.since_try = arm.probe_every
-            arm.trying = 0
+            arm.trying = False
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)
@@ -487,15 +516,32 @@ class AutoPolicy:
             arm.tokens.update(tokens)
             arm.seconds.update(seconds)
             return
-        arm.try_tokens += tokens  # a try is judged once its rounds are done, on their sum
+        arm.try_rounds += 1  # a try is judged on the sum of its rounds
+        arm.try_tokens += tokens
         arm.try_seconds += seconds
-        arm.trying -= 1
-        if arm.trying:
+        if arm.try_rounds < TRY_ROUNDS:
             return
+        plain, rate = self.plain_rate(), arm.try_tokens / max(arm.try_seconds, 1e-9)
+        undecided = plain * TRY_GIVE_UP <= rate <= plain * MARGIN
+        if undecided and arm.try_rounds < TRY_MAX_ROUNDS:
+            return  # the next rounds say more
+        self._judge(arm)
+
+    def finish(self) -> None:
+        """The answer ended: a try with enough rounds is judged on them, so the next answer (or
+        run) knows what it found; one with fewer is dropped (see __init__)."""
+        for arm in self.arms:
+            if arm.trying and arm.try_rounds >= TRY_ROUNDS:
+                self._judge(arm)
+
+    def _judge(self, arm: Arm) -> None:
+        """A try's verdict, on the sum of its rounds: in use if it beat plain decoding."""
+        won = arm.try_tokens / max(arm.try_seconds, 1e-9) > self.plain_rate() * MARGIN
         # The verdict replaces what the arm measured before: that was another text, or load.
-        arm.tokens.value = arm.try_tokens / TRY_ROUNDS
-        arm.seconds.value = arm.try_seconds / TRY_ROUNDS
-        arm.in_use = arm.rate > self.plain_rate() * MARGIN
+        arm.trying = False
+        arm.tokens.value = arm.try_tokens / arm.try_rounds
+        arm.seconds.value = arm.try_seconds / arm.try_rounds
+        arm.in_use = won
         # One good try brings the next close, so a text that turns predictable is noticed
         # within a few rounds; failures space the tries out.
         if arm.in_use:

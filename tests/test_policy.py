@@ -12,9 +12,12 @@ from edgespec.policy import (
     CEILING_MARGIN,
     FIRST_PROBE_EVERY,
     KEEP_MARGIN,
+    MIN_DRAFT_ROUNDS,
     PLAIN_EVERY,
     SURE_STEPS,
     SURE_TEXT,
+    TRY_GIVE_UP,
+    TRY_MAX_ROUNDS,
     TRY_ROUNDS,
     Arm,
     AutoPolicy,
@@ -262,6 +265,20 @@ def test_the_first_timed_draft_step_replaces_an_estimate_then_steps_are_averaged
     assert 0.015 < c.draft_s.value < 0.020
 
 
+def test_a_draft_cost_is_kept_for_later_answers_only_from_enough_timed_draft_rounds():
+    """One chain round timed at twice the usual draft step, right after catching the draft up,
+    once shut the gate for good: a draft never used is never timed again."""
+    c = costs(step_s=0.025, draft_s=None)
+    c.estimate_draft_step(0.006)
+    assert c.draft_cost(known=0.24) == 0.24  # an estimate teaches nothing new
+    c.record_draft_step(0.012)  # one slow round
+    assert c.draft_cost(known=0.24) == 0.24
+    assert c.draft_cost(known=None) == pytest.approx(0.48)  # better than nothing
+    for _ in range(MIN_DRAFT_ROUNDS - 1):
+        c.record_draft_step(0.006)
+    assert c.draft_cost(known=0.24) == pytest.approx(c.draft_s.value / 0.025)
+
+
 def test_a_pass_stands_for_a_step_where_no_plain_step_is_timed():
     c = Costs(relative)
     c.record_pass_as_step(4, 0.03 * relative(4))
@@ -306,10 +323,52 @@ def test_a_try_is_judged_on_all_its_rounds_not_on_one_unlucky_gamble():
         policy.record_arm("chain", tokens, seconds)
     assert [policy.choose(None) for _ in range(5)] == ["chain"] * 5
     lucky = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
-    for tokens, seconds in [(8, 0.1)] + [(1, 0.09)] * (TRY_ROUNDS - 1):
-        assert lucky.choose(None) == "chain"
+    rounds = 0
+    for tokens, seconds in itertools.chain([(8, 0.1)], itertools.repeat((1, 0.09))):
+        if lucky.choose(None) != "chain":
+            break
         lucky.record_arm("chain", tokens, seconds)
-    assert lucky.choose(None) == "plain"  # one lucky round does not make a losing arm
+        rounds += 1
+    # One lucky round does not make a losing arm: it kept the try going until the rounds after
+    # it told (from 30 tok/s, 0.89x plain, down), then the try was lost.
+    assert TRY_ROUNDS < rounds <= TRY_MAX_ROUNDS and not lucky.arms[0].in_use
+
+
+def test_an_undecided_try_goes_on_until_it_wins_or_falls_out_of_reach():
+    """Chains gain in runs of sure tokens between rounds that break even: four rounds at 0.95x
+    plain decoding are not yet a verdict."""
+    step_s = 0.03  # plain: 33.3 tok/s
+    winner = AutoPolicy(costs(step_s=step_s), [Arm("chain")])
+    for tokens, seconds in [(3, 0.095)] * TRY_ROUNDS + [(16, 0.3)]:  # 31.6 tok/s, then a run
+        assert winner.choose(None) == "chain"
+        winner.record_arm("chain", tokens, seconds)
+    assert winner.arms[0].in_use and not winner.arms[0].trying
+    undecided = AutoPolicy(costs(step_s=step_s), [Arm("chain")])
+    chosen = decode(undecided, 40, arm_round=(3, 0.095))  # 0.95x plain, round after round
+    assert chosen[:TRY_MAX_ROUNDS] == ["chain"] * TRY_MAX_ROUNDS
+    assert chosen[TRY_MAX_ROUNDS] == "plain" and not undecided.arms[0].in_use
+    hopeless = AutoPolicy(costs(step_s=step_s), [Arm("chain")])
+    chosen = decode(hopeless, 40, arm_round=(2, 0.08))  # 0.75x plain: out of reach at once
+    assert chosen[: TRY_ROUNDS + 1] == ["chain"] * TRY_ROUNDS + ["plain"]
+    assert TRY_GIVE_UP > 0.75
+
+
+def test_an_undecided_try_is_judged_on_its_rounds_when_the_answer_ends():
+    """So the next answer, or the next run, knows what it found; a try of fewer rounds than
+    TRY_ROUNDS says too little, and the next answer drops it."""
+    undecided = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    decode(undecided, TRY_ROUNDS + 1, arm_round=(3, 0.095))  # 0.95x plain
+    assert undecided.arms[0].trying
+    undecided.finish()
+    arm = undecided.arms[0]
+    assert not arm.trying and not arm.in_use and arm.probe_every == 2 * FIRST_PROBE_EVERY
+    short = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    decode(short, TRY_ROUNDS - 1, arm_round=(3, 0.095))
+    short.finish()
+    arm = short.arms[0]
+    assert arm.trying and arm.probe_every == FIRST_PROBE_EVERY
+    AutoPolicy(costs(step_s=0.03), short.arms)  # the next answer
+    assert not arm.trying and arm.probe_every == FIRST_PROBE_EVERY
 
 
 def test_an_arm_is_rated_by_its_tokens_over_its_seconds_not_by_a_mean_of_round_rates():
