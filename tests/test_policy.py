@@ -447,6 +447,28 @@ def test_a_failed_try_postpones_every_arms_probe():
     assert [policy.choose(None) for _ in range(waits)] == ["plain"] * waits
 
 
+def test_an_arm_falling_out_of_use_postpones_the_other_arms_probes_too():
+    """A tree tried right after the chain fell behind was kept on code, where trees made less
+    than chains: the text the draft stopped predicting is the tree's text too."""
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain"), Arm("tree")])
+    try_arm(policy, "chain", tokens=12, seconds=0.2)  # 60 tok/s: in use
+    tree = policy.arms[1]
+    tree.tried, tree.since_try = True, 10 * tree.probe_every  # long due
+    for _ in range(SURE_STEPS):  # on text the target is sure of
+        policy.record_plain_step(0.95)
+    for _ in range(60):  # the text turns: the chain falls behind plain decoding
+        choice = policy.choose(None)
+        if not policy.arms[0].in_use:
+            break
+        if choice == "plain":  # now and then, to price plain decoding as it is now
+            policy.record_plain_step(0.95)
+        else:
+            policy.record_arm(choice, 1, 0.06)
+    assert not policy.arms[0].in_use and choice == "plain"
+    waits = tree.probe_every - 1
+    assert [policy.choose(None) for _ in range(waits)] == ["plain"] * waits
+
+
 def test_auto_takes_an_ngram_proposal_over_a_paying_arm_only_where_it_promises_more():
     policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
     try_arm(policy, "chain", tokens=3, seconds=0.05)  # 60 tok/s against plain's 33
