@@ -390,7 +390,7 @@ class Arm:
     since_try: int = 0
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
     trying: bool = False  # a try is under way
-    try_rounds: int = 0  # what the current try's rounds made so far
+    try_rounds: int = 0  # the current try's rounds so far, and what they made
     try_tokens: int = 0
     try_seconds: float = 0.0
 
