@@ -142,22 +142,22 @@ class Costs:
     # 3-token ones: 1.26 vs 1.34 tokens per step on an edit.
     pass_steps: dict[int, Ema] = field(default_factory=dict)
     pass_seen: dict[int, int] = field(default_factory=dict)  # passes each rests on, capped
-    draft_estimated: bool = False  # draft_s is an estimate from before this generation
-    draft_rounds: int = 0  # rounds whose draft steps were timed in this generation
+    # Rounds whose draft steps were timed in this generation; before the first, draft_s is an
+    # estimate from profiles or an earlier run, if anything.
+    draft_rounds: int = 0
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
     def estimate_draft_step(self, seconds: float) -> None:
         """What a draft step should cost, from profiles or an earlier run, until one is timed."""
         self.draft_s.update(seconds)
-        self.draft_estimated = True
 
     def record_draft_step(self, seconds: float) -> None:
         """A draft step timed while generating. The first replaces the estimate: averaged in at
         the weight of one sample, a wrong estimate (a profile from another hour) would outlive
         the generation's few tries of the draft."""
-        if self.draft_estimated:
-            self.draft_s.value, self.draft_estimated = None, False
+        if not self.draft_rounds:
+            self.draft_s.value = None
         self.draft_s.update(seconds)
         self.draft_rounds += 1
 
