@@ -243,6 +243,10 @@ def engine_runner(engine: Engine, mode: str) -> Runner:
     options = engine_options(mode)
 
     def measure(prompt_tokens: list[int], max_tokens: int) -> Measurement:
+        # Each run starts as `edgespec run` would, without the draft knowing the prompt: auto
+        # catches the draft up while decoding (chain and tree while prefilling, untimed), so a
+        # chain run of the same prompt just before made auto's first try cheaper than it is.
+        engine.forget_draft_cache()
         result = engine.generate(prompt_tokens, max_tokens=max_tokens, **options)
         stats = result.stats
         return Measurement(

@@ -532,6 +532,10 @@ class Engine:
         """Empty both caches; the next generation evaluates its whole prompt."""
         self.target_ctx.clear()
         self._target_cache = []
+        self.forget_draft_cache()
+
+    def forget_draft_cache(self) -> None:
+        """Empty the draft's cache: the next generation catches it up as a new process would."""
         if self.draft_ctx:
             self.draft_ctx.clear()
         self._draft_cache = []

@@ -19,6 +19,7 @@ from edgespec.bench import (
     available_modes,
     cpu_simd,
     engine_options,
+    engine_runner,
     first_divergence,
     load_prompts,
     run_bench,
@@ -290,3 +291,25 @@ def test_the_bench_names_the_vector_extensions_that_set_batch_costs(tmp_path, cp
 
 def test_a_machine_without_cpuinfo_has_unknown_extensions(tmp_path):
     assert cpu_simd(tmp_path / "missing") == "unknown"
+
+
+def test_every_engine_run_starts_with_a_draft_that_has_not_seen_the_prompt(q4_draft_engine):
+    """As `edgespec run` starts: a chain run of the same prompt just before would have left the
+    draft holding it, and auto, which catches the draft up while decoding, would pay less for
+    its first try than a new process does."""
+    engine = q4_draft_engine
+    prompt = engine.prompt_tokens("Count from one to twenty: one, two, three,")
+    draft_knew = []
+    generate = engine.generate
+
+    def recording(*args, **kwargs):
+        draft_knew.append(len(engine._draft_cache))
+        return generate(*args, **kwargs)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    try:
+        for mode in ("chain", "auto", "tree", "auto"):
+            engine_runner(engine, mode)(prompt, 8)
+    finally:
+        del engine.generate
+    assert draft_knew == [0, 0, 0, 0]
