@@ -291,7 +291,6 @@ class Engine:
         # A plain step as auto mode's last generation left it: its arms are judged against it,
         # and one step timed at the start of each answer is noisy (35 against 40 tok/s here).
         self._step_s: float | None = None
-        self._catch_up_steps: float | None = None  # a token of catching the draft up, as timed
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (a few seconds) of each model that has none,
@@ -451,7 +450,6 @@ class Engine:
             run.calibrator = run.policy.calibrator
             if self._step_s is not None:
                 self._start_costs(run.costs, self._step_s)
-            run.costs.catch_up_steps.value = self._catch_up_steps
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain_mode,
@@ -480,7 +478,6 @@ class Engine:
             if run.policy is not None:
                 run.policy.finish()
                 self._step_s = run.costs.step_s.value
-                self._catch_up_steps = run.costs.catch_up_steps.value
                 self._remember_passes(run.costs)
                 if self._arms_key:
                     self._remember(run.policy)
@@ -698,8 +695,6 @@ class Engine:
         row = self.draft_ctx.decode(feed, run.draft_cached)[-1]
         run.catch_up_s = (time.perf_counter() - t0) * (len(feed) - 1) / len(feed)
         run.draft_cached = len(run.tokens)
-        if run.policy is not None and len(feed) > CATCH_UP_BATCH:  # small batches cost more
-            run.costs.record_catch_up(len(feed) - 1, run.catch_up_s)  # a token than long ones
         return row
 
     def _verify_chain(self, run: _Run, proposed: list[int], from_draft: bool) -> list[int]:
@@ -817,16 +812,12 @@ class Engine:
 
     def _catch_up_s(self, run: _Run) -> float:
         """Seconds the draft would spend evaluating the tokens decided without it (auto's plain
-        and n-gram rounds) before it could draft: one prefill batch, priced per token as catch-ups
-        of more than CATCH_UP_BATCH tokens took, else like that pass of the draft's curve. 0
-        while a draft step's cost is unknown."""
+        and n-gram rounds) before it could draft: one prefill batch, priced per token like the
+        largest pass of its curve. 0 while a draft step's cost is unknown."""
         draft_s = run.costs.draft_s.value if run.policy else None
         behind = len(run.tokens) - 1 - run.draft_cached
         if draft_s is None or behind <= 0:
             return 0.0
-        timed = run.costs.catch_up_steps.value
-        if timed is not None:
-            return behind * timed * run.costs.verify_s(1)
         if self.draft_profile:
             per_token = self.draft_profile.relative(CATCH_UP_BATCH) / CATCH_UP_BATCH
         else:

@@ -150,10 +150,6 @@ class Costs:
     # step 36 ms, a draft step 9.5) over steps timed after it (24 ms) made 0.39, not 0.26; the
     # next answers started from it, their gate shut, and no draft round came to correct it.
     draft_steps: Ema = field(default_factory=Ema)
-    # A token of catching the draft up (one batch of the tokens decided without it), in target
-    # steps, as timed. The draft's profile priced it at 2.0 ms here where it took 1.45: a
-    # try's gate (ANSWER_SHARE) shut on a code answer that the measured cost let through.
-    catch_up_steps: Ema = field(default_factory=Ema)
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -171,11 +167,6 @@ class Costs:
         self.draft_rounds += 1
         if self.step_s.value is not None:
             self.draft_steps.update(seconds / self.step_s.value)
-
-    def record_catch_up(self, tokens: int, seconds: float) -> None:
-        """Catching the draft up on `tokens` took `seconds`."""
-        if tokens > 0 and self.step_s.value is not None:
-            self.catch_up_steps.update(seconds / tokens / self.step_s.value)
 
     def draft_cost(self, known: float | None) -> float | None:
         """A draft step in target steps to remember after this generation, where `known` is

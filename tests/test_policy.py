@@ -291,13 +291,6 @@ def test_a_draft_cost_is_its_steps_over_the_target_steps_timed_with_them():
     assert c.draft_s.value / c.step_s.value > 0.39  # what was remembered before
 
 
-def test_a_catch_up_is_priced_per_token_in_steps_as_timed():
-    c = costs(step_s=0.025)
-    assert c.catch_up_steps.value is None  # until one is timed, the draft's profile prices it
-    c.record_catch_up(100, 0.145)  # 1.45 ms a token
-    assert c.catch_up_steps.value == pytest.approx(0.00145 / 0.025)
-
-
 def test_a_pass_stands_for_a_step_where_no_plain_step_is_timed():
     c = Costs(relative)
     c.record_pass_as_step(4, 0.03 * relative(4))
