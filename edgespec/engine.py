@@ -486,9 +486,7 @@ class Engine:
         """Keep what auto mode learnt about the draft on this device for the next run."""
         assert self._arms_key is not None
         costs = policy.costs
-        # Only a generation that timed draft steps knows their cost; another one's is the
-        # estimate it started from, drifted with the plain steps it timed since.
-        draft_cost = costs.draft_cost(known=self._memory.draft_cost)
+        draft_cost = costs.draft_cost(known=self._memory.draft_cost)  # as timed, if it was
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         memory = AutoMemory(tried, draft_cost)
         # A chat remembers after every answer: the file is written only when it would change.

@@ -408,6 +408,11 @@ class Arm:
             return 0.0
         return self.tokens.value / self.seconds.value
 
+    @property
+    def try_rate(self) -> float:
+        """Tokens per second of the current try's rounds together."""
+        return self.try_tokens / max(self.try_seconds, 1e-9)
+
     def start_try(self) -> str:
         self.trying, self.try_rounds, self.try_tokens, self.try_seconds = True, 0, 0, 0.0
         return self.name
@@ -534,8 +539,8 @@ class AutoPolicy:
         arm.try_seconds += seconds
         if arm.try_rounds < TRY_ROUNDS:
             return
-        plain, rate = self.plain_rate(), arm.try_tokens / max(arm.try_seconds, 1e-9)
-        undecided = plain * TRY_GIVE_UP <= rate <= plain * MARGIN
+        plain = self.plain_rate()
+        undecided = plain * TRY_GIVE_UP <= arm.try_rate <= plain * MARGIN
         if undecided and arm.try_rounds < TRY_MAX_ROUNDS:
             return  # the next rounds say more
         self._judge(arm)
@@ -549,7 +554,7 @@ class AutoPolicy:
 
     def _judge(self, arm: Arm) -> None:
         """A try's verdict, on the sum of its rounds: in use if it beat plain decoding."""
-        won = arm.try_tokens / max(arm.try_seconds, 1e-9) > self.plain_rate() * MARGIN
+        won = arm.try_rate > self.plain_rate() * MARGIN
         # The verdict replaces what the arm measured before: that was another text, or load.
         arm.trying = False
         arm.tokens.value = arm.try_tokens / arm.try_rounds
