@@ -200,9 +200,10 @@ def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
 class Measurement:
     """One greedy generation, timed over its decode phase only.
 
-    decode_s starts once the prompt minus its last token is in the KV cache and ends when the
-    last generated token is known: it includes evaluating the last prompt token, never the bulk
-    of the prefill, which every mode does the same way.
+    decode_s starts once the prompt minus its last token is in the target's KV cache and ends
+    when the last generated token is known: it includes evaluating the last prompt token and,
+    for modes with a draft model, the draft's evaluation of the prompt; never the target's
+    prefill, which every mode does the same way.
     """
 
     tokens: list[int]  # generated tokens, the end-of-generation token not included
@@ -243,9 +244,9 @@ def engine_runner(engine: Engine, mode: str) -> Runner:
     options = engine_options(mode)
 
     def measure(prompt_tokens: list[int], max_tokens: int) -> Measurement:
-        # Each run starts as `edgespec run` would, without the draft knowing the prompt: auto
-        # catches the draft up while decoding (chain and tree while prefilling, untimed), so a
-        # chain run of the same prompt just before made auto's first try cheaper than it is.
+        # Each run starts as `edgespec run` would, without the draft knowing the prompt: the
+        # draft catches up when it first drafts, timed, so a chain run of the same prompt just
+        # before made the next run's first draft cheaper than it is.
         engine.forget_draft_cache()
         result = engine.generate(prompt_tokens, max_tokens=max_tokens, **options)
         stats = result.stats

@@ -432,14 +432,20 @@ class Engine:
         reused = self._reuse(self.target_ctx, "_target_cache", prefix)
         stats.n_prompt_eval = len(prefix) - reused + 1
         run.target_cached = len(prefix)
-        if self.draft_ctx and cfg.mode in ("chain", "tree"):
-            self._reuse(self.draft_ctx, "_draft_cache", prefix)
-            run.draft_cached = len(prefix)
-        elif self.draft_ctx and cfg.mode == "auto":  # the draft catches up if and when it is used
+        if self.draft_ctx and cfg.mode == "auto":  # the draft catches up if and when it is used
             run.draft_cached = self._reuse(self.draft_ctx, "_draft_cache", prefix, evaluate=False)
         stats.prefill_s = time.perf_counter() - t0
         t_decode = time.perf_counter()
         native_before = self._native_s()
+        if self.draft_ctx and cfg.mode in ("chain", "tree"):
+            # Timed with the decoding: evaluating the prompt a second time is what speculating
+            # costs, not the prompt (a chain that did it in the prefill looked faster than it
+            # was, against plain decoding and against auto, which pays its draft's catch-up
+            # inside the answer). Apart from the root, as the rounds after it evaluate theirs:
+            # a root row computed inside a prompt's batch differs in the last bits, and sampling
+            # with a seed would draft differently from a cold cache than from a warm one.
+            self._reuse(self.draft_ctx, "_draft_cache", prefix)
+            run.draft_cached = len(prefix)
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -313,3 +314,28 @@ def test_every_engine_run_starts_with_a_draft_that_has_not_seen_the_prompt(q4_dr
     finally:
         del engine.generate
     assert draft_knew == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_the_drafts_evaluation_of_the_prompt_is_timed_with_the_decoding(q4_draft_engine, mode):
+    """Evaluating the prompt a second time, with the draft, is what speculating costs: a chain
+    that did it in the untimed prefill looked faster than it was against plain decoding."""
+    engine = q4_draft_engine
+    prompt = engine.prompt_tokens("Write a Python function that reverses a string.")
+    engine.forget_draft_cache()
+    draft_calls = []
+    decode = engine.draft_ctx.decode
+
+    def recording(tokens, *args, **kwargs):
+        draft_calls.append((time.perf_counter(), len(tokens)))
+        return decode(tokens, *args, **kwargs)
+
+    engine.draft_ctx.decode = recording  # type: ignore[method-assign]
+    try:
+        started = time.perf_counter()
+        result = engine.generate(prompt, max_tokens=24, mode=mode)
+    finally:
+        del engine.draft_ctx.decode
+    prefill_ended = started + result.stats.prefill_s
+    assert any(n >= len(prompt) - 1 for _, n in draft_calls), "the draft drafted on the prompt"
+    assert all(at >= prefill_ended for at, _ in draft_calls)
