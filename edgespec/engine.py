@@ -535,6 +535,17 @@ class Engine:
         self._target_cache = []
         self.forget_draft_cache()
 
+    def catch_up_draft(self) -> int:
+        """Evaluate with the draft what the target's cache holds and the draft's does not, such as
+        a chat's turns that auto decoded without it, and return how many tokens that was. For idle
+        time, a chat waiting for its user: inside the next answer, catching up on a long history
+        costs seconds (~1.75 ms a token for the 0.5B draft here), and auto tries no draft while
+        that is more than a small share of the answer."""
+        if self.draft_ctx is None:
+            return 0
+        held = self._target_cache
+        return len(held) - self._reuse(self.draft_ctx, "_draft_cache", held)
+
     def forget_draft_cache(self) -> None:
         """Empty the draft's cache: the next generation catches it up as a new process would."""
         if self.draft_ctx:

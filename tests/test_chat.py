@@ -271,3 +271,47 @@ def test_loading_a_bad_file_is_a_clear_error_and_keeps_the_conversation(
 def test_a_missing_file_is_a_clear_error(small_engine, tmp_path):
     with pytest.raises(EdgespecError, match="cannot read"):
         Conversation(small_engine).load(tmp_path / "nowhere.json")
+
+
+# ----- the draft between answers --------------------------------------------------------------
+def chat_with_lines(engine: edgespec.Engine, lines: list[str], interactive: bool) -> list[tuple]:
+    """Run the REPL on `lines`; for each line after the first answer, whether the draft was
+    catching up when the line came, and whether it then held what the target held."""
+    from edgespec.cli.chat_cmd import Repl
+    from edgespec.config import Settings
+
+    engine.forget_caches()
+    repl = Repl(Conversation(engine), Settings(max_tokens=16), interactive)
+    queue = iter(lines)
+    seen = []
+
+    def read_line(prompt: str) -> str:
+        line = next(queue, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    settle = repl.settle
+
+    def settle_and_look() -> None:
+        catching_up = repl.catching_up is not None
+        settle()
+        if engine._target_cache:
+            seen.append((catching_up, engine._draft_cache == engine._target_cache))
+
+    repl.read_line = read_line  # type: ignore[method-assign]
+    repl.settle = settle_and_look  # type: ignore[method-assign]
+    repl.run()
+    return seen
+
+
+def test_while_a_person_types_the_draft_catches_up_on_the_last_answer(q4_draft_engine):
+    # Whether auto drafted during the answer (SmolLM2 with a copy of itself) does not matter.
+    seen = chat_with_lines(q4_draft_engine, ["Hi", "What is 2+2?"], interactive=True)
+    assert seen[0] == (True, True)
+
+
+def test_piped_messages_leave_the_draft_to_catch_up_inside_the_answer(q4_draft_engine):
+    """Nobody types between piped lines: the work would only move from the answer to before it."""
+    seen = chat_with_lines(q4_draft_engine, ["Hi", "What is 2+2?"], interactive=False)
+    assert seen and not any(catching_up for catching_up, _ in seen)

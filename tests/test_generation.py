@@ -276,3 +276,37 @@ def test_weights_are_read_into_memory_not_mapped_from_the_file(smol_q4_0):
     assert str(smol_q4_0.resolve()) in _mapped_files()
     in_memory.close()
     mapped.close()
+
+
+def test_catching_the_draft_up_leaves_it_holding_what_the_target_holds(q4_draft_engine):
+    """Between a chat's turns: the turn the draft did not draft is evaluated while nobody waits,
+    and the next answer's draft starts from the whole history."""
+    engine = q4_draft_engine
+    engine.forget_caches()
+    first_prompt = engine.prompt_tokens(PROMPTS[1])
+    first = engine.generate(first_prompt, max_tokens=20, mode="target")  # without the draft
+    assert engine._draft_cache == []
+    held = len(engine._target_cache)
+    assert held >= len(first_prompt) + len(first.tokens) - 2
+    assert engine.catch_up_draft() == held
+    assert engine._draft_cache == engine._target_cache
+    assert engine.draft_ctx.seq_pos_max(0) == held - 1
+    assert engine.catch_up_draft() == 0  # nothing new since
+
+    follow_up = engine.target.tokenize(" Which one is largest?", add_special=False)
+    second_prompt = first_prompt + first.tokens + follow_up
+    draft_batches = []
+    decode = engine.draft_ctx.decode
+
+    def recording(tokens, *args, **kwargs):
+        draft_batches.append(len(tokens))
+        return decode(tokens, *args, **kwargs)
+
+    engine.draft_ctx.decode = recording  # type: ignore[method-assign]
+    try:
+        second = engine.generate(second_prompt, max_tokens=20, mode="chain")
+    finally:
+        del engine.draft_ctx.decode
+    assert max(draft_batches) <= len(follow_up) + 2  # only the new tokens were left to evaluate
+    plain = engine.generate(second_prompt, max_tokens=20, mode="target")
+    assert_same_or_near_tie(engine, second_prompt, plain.tokens, second.tokens)
