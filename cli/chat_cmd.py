@@ -181,9 +181,9 @@ class Repl:
     def catch_up_while_idle(self) -> None:
         """While a person types the next message, the draft evaluates the turns it did not draft
         (auto decodes chat plainly): caught up inside the next answer, a history of a few hundred
-        tokens already cost more than auto lets a try cost, and a code request after a chat
-        question was answered without drafting (0.95-0.99x plain) where, caught up while idle,
-        chains made 0.99-1.07x (2026-11-25). Not for piped input: nobody types there."""
+        tokens already cost more than auto lets a try cost, and a code request after chat
+        questions was answered without drafting (README: what drafting then gained). Not for
+        piped input: nobody types there."""
         engine = self.conversation.engine
         if not self.interactive or engine.draft is None:
             return
