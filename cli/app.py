@@ -84,7 +84,7 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
-def load_engine(settings: Settings, verbose: bool):
+def load_engine(settings: Settings, verbose: bool, pipeline: bool | None = None):
     """The engine the settings ask for; the default pair is fetched on first use."""
     import edgespec
 
@@ -100,6 +100,7 @@ def load_engine(settings: Settings, verbose: bool):
         draft_threads=settings.draft_threads,
         target_cpus=settings.target_cpus,
         draft_cpus=settings.draft_cpus,
+        pipeline=pipeline,
         verbose=verbose,
     )
     # auto plans with this device's costs; chain and tree price their n-gram rounds with them
@@ -142,6 +143,7 @@ def run(
     draft_cpus: opt.DraftCpus = None,
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
+    pipeline: opt.Pipeline = None,
     stop: Annotated[
         list[str] | None, typer.Option(help="Stop when this text appears (repeatable)")
     ] = None,
@@ -178,7 +180,6 @@ def run(
     text = read_prompt(prompt)
     if not text.strip():
         raise BadSettingError("the prompt is empty")
-    engine = load_engine(settings, verbose)
     options = generation_options(
         settings,
         branch_p=branch_p,
@@ -191,6 +192,11 @@ def run(
         ngram=ngram,
         calibrated=calibrated,
     )
+    from edgespec.engine import GenerationConfig
+
+    # Bad values fail before any model is loaded or measured (the draft is checked after).
+    GenerationConfig(**options).validate(has_draft=True)
+    engine = load_engine(settings, verbose, pipeline)
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     try:
         for piece in stream:

@@ -59,6 +59,7 @@ def chat(
     draft_cpus: opt.DraftCpus = None,
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
+    pipeline: opt.Pipeline = None,
     system: opt.System = None,
     chat_template: Annotated[
         Path | None,
@@ -79,7 +80,7 @@ def chat(
     )  # fmt: skip
     settings = resolve(flags)
     template = read_template(chat_template) if chat_template else None
-    engine = load_engine(settings, verbose)
+    engine = load_engine(settings, verbose, pipeline)
     repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
     repl.run()
 

@@ -88,6 +88,15 @@ DraftMax = Annotated[
         "as pays, at most 16]"
     ),
 ]
+Pipeline = Annotated[
+    bool | None,
+    typer.Option(
+        "--pipeline/--no-pipeline",
+        help="LLMCad's pipeline (chain, auto): the draft drafts on while the target verifies, "
+        "each on its own --target-cpus/--draft-cpus [default: where `edgespec profile "
+        "--overlap` measured it paying]",
+    ),
+]
 System = Annotated[str | None, typer.Option(help="System message (chat template)")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")]
 BranchP = Annotated[float, typer.Option(help="Tree: a candidate this probable starts a branch")]

@@ -14,7 +14,14 @@ from rich.table import Table
 from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
-from edgespec.profile import NOISY, DeviceProfile, load_profile, profile_model, save_profile
+from edgespec.profile import (
+    NOISY,
+    DeviceProfile,
+    load_profile,
+    profile_model,
+    save_pipeline_speedup,
+    save_profile,
+)
 
 from . import options as opt
 
@@ -76,6 +83,17 @@ def profile(
     if overlap:
         with status.status("timing serial and pipelined chain rounds"):
             overlap_report = measure_overlap(target_path, draft_path, *split)
+        # Each model on its share, one thread per CPU: as `run` places them with these CPUs.
+        target_share, draft_share = split
+        save_pipeline_speedup(
+            target_path,
+            len(target_share),
+            format_cpu_list(target_share),
+            draft_path,
+            len(draft_share),
+            format_cpu_list(draft_share),
+            overlap_report.speedup,
+        )
     # A draft that is the target file was saved to the same path: list it once.
     saved = list(dict.fromkeys(p for p in (target_saved, draft_saved) if p))
 
@@ -131,7 +149,13 @@ def overlap_dict(r: OverlapReport) -> dict[str, object]:
 
 
 def overlap_line(r: OverlapReport) -> str:
-    verdict = "pays here" if r.speedup > 1 else "does not pay here"
+    target, draft = format_cpu_list(r.target_cpus), format_cpu_list(r.draft_cpus)
+    cpus = f"--target-cpus {target} --draft-cpus {draft}"
+    verdict = (
+        f"pays here: with {cpus}, chains pipeline by default"
+        if r.speedup > 1
+        else f"does not pay here: with {cpus}, chains stay serial unless --pipeline"
+    )
     return (
         f"pipeline, chain of {r.k}: serial round {r.serial_s * 1000:.1f} ms on all CPUs; "
         f"pipelined {r.pipelined_s * 1000:.1f} ms (target on CPUs "

@@ -325,6 +325,10 @@ class Context:
             self._wants_logits[n - 1] = 1
         return self._run(batch, n_out)
 
+    def verify(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        """`decode` with logits for every row: a verification pass."""
+        return self.decode(tokens, start_pos, logits="all")
+
     def _run(self, batch: ll.llama_batch, n_out: int) -> np.ndarray:
         """llama_decode on the filled batch; a view of its `n_out` logits rows."""
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from .profile import (
     alternating_steps,
     load_auto_memory,
     load_pass_costs,
+    load_pipeline_speedup,
     load_profile,
     quick_profile,
     relative_cost,
@@ -64,6 +66,10 @@ from .tree import (
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
 MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by default)
+# The pipeline drafts on past a chain under verification at most this far, and only while the
+# tokens stay this likely to be used: on a phone the draft shares the memory bus with the target.
+MAX_AHEAD = MAX_AUTO_DRAFT
+AHEAD_MIN_REACH = 0.1
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
@@ -200,6 +206,19 @@ class _Run:
     catch_up_s: float = 0.0  # what catching the draft up cost in the last round that drafted
     warmed_up: bool = False  # a plain step was taken since the prompt (the first is not timed)
     last_choice: str = ""  # auto: what drafted the last round ("plain", "ngram", "chain"...)
+    pipeline: bool = False  # chains draft on while the target verifies
+    ahead: _Ahead | None = None  # what the pipeline drafted that the next chain starts with
+
+
+@dataclass
+class _Ahead:
+    """Draft tokens the pipeline drafted past a chain while the target verified it, which the
+    verification left standing (it accepted the chain and chose their first token itself): the
+    next chain starts with them. The draft's cache holds all of them but the last."""
+
+    at: int  # they continue the first `at` committed tokens
+    tokens: list[int]
+    confidences: list[float]
 
 
 def _default_curve(k: int) -> float:
@@ -219,7 +238,11 @@ class Engine:
         threads: int | None = None,
         draft_threads: int | None = None,
         placement: Placement | None = None,
+        pipeline: bool | None = None,
     ):
+        """`pipeline`: LLMCad's pipeline for chains (chain and auto modes), the draft drafting
+        on while the target verifies, each on CPUs of its own. None: where `edgespec profile
+        --overlap` measured it paying on this device with these models and CPUs."""
         if n_ctx < 16:
             raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
         self.placement = placement or plan_placement()
@@ -291,6 +314,36 @@ class Engine:
         # A plain step as auto mode's last generation left it: its arms are judged against it,
         # and one step timed at the start of each answer is noisy (35 against 40 tok/s here).
         self._step_s: float | None = None
+        # LLMCad's pipeline needs each model on CPUs of its own, decoding on its own pinned
+        # thread (cores.py); `edgespec profile --overlap` measures whether it pays.
+        target_cpus, draft_cpus = self.placement.target_cpus, self.placement.draft_cpus
+        self.can_pipeline = (
+            self.draft_ctx is not None
+            and self.target_ctx.pinned is not None
+            and self.draft_ctx.pinned is not None
+            and not set(target_cpus) & set(draft_cpus)
+        )
+        if pipeline and self.draft_ctx is None:
+            raise BadSettingError("--pipeline needs a draft model, in mode chain or auto")
+        if pipeline and not self.can_pipeline:
+            raise BadSettingError(
+                "--pipeline needs the target and the draft on CPUs of their own (say "
+                "--target-cpus 0-2 --draft-cpus 3); here the target runs on CPUs "
+                f"{format_cpu_list(target_cpus)} and the draft on {format_cpu_list(draft_cpus)}"
+            )
+        self.pipeline = pipeline
+        self.pipeline_speedup = (
+            load_pipeline_speedup(
+                target.path,
+                threads,
+                format_cpu_list(target_cpus),
+                draft.path,
+                draft_threads,
+                format_cpu_list(draft_cpus),
+            )
+            if self.can_pipeline and draft is not None
+            else None
+        )
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (a few seconds) of each model that has none,
@@ -405,6 +458,8 @@ class Engine:
         """Generate, yielding text as the target accepts it; `.result` holds the Result after."""
         cfg = GenerationConfig(**config)
         cfg.validate(self.draft is not None)
+        if self.pipeline and cfg.mode not in (None, "chain", "auto"):
+            raise BadSettingError(f"--pipeline works in modes chain and auto, not {cfg.mode}")
         if cfg.mode is None:
             cfg = replace(cfg, mode="auto")
         if isinstance(prompt, str):
@@ -448,6 +503,7 @@ class Engine:
             run.draft_cached = len(prefix)
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
+        run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost)
         run.costs.start_from(self._pass_costs)
@@ -476,7 +532,10 @@ class Engine:
                 stats.decode_s = time.perf_counter() - t_decode
         finally:
             stats.decode_s = time.perf_counter() - t_decode
-            stats.native_s = self._native_s() - native_before
+            # The target's time behind the pipeline's drafting passed once, not twice.
+            stats.native_s = self._native_s() - native_before - stats.overlap_s
+            if run.ahead is not None:
+                self._drop_ahead(run)
             if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
                 self.forget_caches()
             else:
@@ -487,6 +546,15 @@ class Engine:
                 self._remember_passes(run.costs)
                 if self._arms_key:
                     self._remember(run.policy)
+
+    def pipelines(self, mode: str | None) -> bool:
+        """Whether the chains of a generation in `mode` run LLMCad's pipeline: if asked, else
+        where it was measured paying on this device with these models and CPUs."""
+        if mode not in ("chain", "auto") or not self.can_pipeline:
+            return False
+        if self.pipeline is None:
+            return self.pipeline_speedup is not None and self.pipeline_speedup > 1.0
+        return self.pipeline
 
     def _remember(self, policy: AutoPolicy) -> None:
         """Keep what auto mode learnt about the draft on this device for the next run."""
@@ -568,8 +636,10 @@ class Engine:
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
-        if self._q_rows.shape[0] < n:
-            self._q_rows = np.empty((n, self._draft_vocab), dtype=np.float32)
+        if self._q_rows.shape[0] < n:  # rare; the rows the pipeline carried over are kept
+            grown = np.empty((n, self._draft_vocab), dtype=np.float32)
+            grown[: self._q_rows.shape[0]] = self._q_rows
+            self._q_rows = grown
         return self._q_rows
 
     def _record_pass(self, run: _Run, k: int, seconds: float) -> None:
@@ -599,8 +669,8 @@ class Engine:
             limit = min(room, self._tokens_left(run) - 1)
             if run.cfg.draft_max is None:
                 return self._auto_chain(run, min(MAX_AUTO_DRAFT, limit))
-            proposed, _ = self._draft_chain(run, min(run.cfg.draft_max, limit))
-            return self._verify_chain(run, proposed, from_draft=True)
+            drafted = self._draft_chain(run, min(run.cfg.draft_max, limit))
+            return self._verify_chain(run, drafted[0], from_draft=True, drafted=drafted)
 
         return self._model_or_ngram(run, room, chain)
 
@@ -660,19 +730,37 @@ class Engine:
         """Up to k draft tokens continuing the committed ones, and the draft's confidence in each.
 
         Greedy: the draft's argmax; sampling: a draw from its (filtered) distribution, kept in the
-        q rows for the verification. `keep_going(confidences)` may stop drafting early.
+        q rows for the verification. `keep_going(confidences)` may stop drafting early. A chain
+        starts with what the pipeline drafted ahead, where the verification left it standing.
         """
         draft, draft_ctx, params = self.draft, self.draft_ctx, run.sampling
         assert draft is not None and draft_ctx is not None
-        proposed: list[int] = []
-        confidences: list[float] = []
         if k <= 0:
-            return proposed, confidences
+            return [], []
+        ahead = self._take_ahead(run)
+        proposed: list[int] = ahead.tokens if ahead else []
+        confidences: list[float] = ahead.confidences if ahead else []
         q_rows = self._draft_rows(k) if not params.greedy else self._q_rows
         t_start = time.perf_counter()
-        row = self._draft_root(run)
-        pos = run.draft_cached
-        for i in range(k):
+        n_ahead = len(proposed)
+        for n in range(1, min(n_ahead, k) + 1):  # the head start, as far as it goes on
+            if draft.is_eog(proposed[n - 1]) or (
+                keep_going is not None and not keep_going(confidences[:n])
+            ):
+                k = n
+                break
+        if ahead and n_ahead > k:  # a shorter chain: the draft forgets the rest of the start
+            del proposed[k:], confidences[k:]
+            run.draft_cached = ahead.at + k - 1  # the last token's position, not evaluated
+            draft_ctx.seq_rm(0, run.draft_cached)
+        if proposed:
+            pos = run.draft_cached  # the last drafted token's; the draft has not evaluated it
+            run.catch_up_s = 0.0
+        else:
+            row = self._draft_root(run)
+            pos = run.draft_cached
+        start = len(proposed)
+        for i in range(start, k):
             if i:
                 row = draft_ctx.decode(proposed[-1:], pos)[-1]
                 pos += 1
@@ -693,11 +781,31 @@ class Engine:
                 break
         run.draft_cached = pos
         t_end = time.perf_counter()
+        evaluated = len(proposed) - start
         run.stats.draft_s += t_end - t_start
-        run.stats.draft_evals += len(proposed)
-        if proposed:
-            run.draft_step_s = (t_end - t_start - run.catch_up_s) / len(proposed)
+        run.stats.draft_evals += evaluated
+        run.draft_step_s = (t_end - t_start - run.catch_up_s) / evaluated if evaluated else 0.0
         return proposed, confidences
+
+    def _take_ahead(self, run: _Run) -> _Ahead | None:
+        """The pipeline's head start for this round's chain, if it follows the committed tokens
+        (a stop, or a round that did not draft, leaves it behind: then it is dropped)."""
+        ahead = run.ahead
+        if ahead is not None and ahead.at != len(run.tokens):
+            self._drop_ahead(run)
+            return None
+        run.ahead = None
+        return ahead
+
+    def _drop_ahead(self, run: _Run) -> None:
+        """Forget the pipeline's head start: the draft's cache keeps only what preceded it, and
+        the root is evaluated again (whatever comes next needs its row)."""
+        assert run.ahead is not None and self.draft_ctx is not None
+        keep = run.ahead.at - 1
+        run.ahead = None
+        if run.draft_cached > keep:
+            self.draft_ctx.seq_rm(0, keep)
+            run.draft_cached = keep
 
     def _draft_root(self, run: _Run) -> np.ndarray:
         """The draft's logits after the root (the last committed token), with the committed
@@ -705,6 +813,8 @@ class Engine:
         plain and n-gram rounds) or a chain's last accepted token. Their share of the batch's
         time, priced per token, is kept as `run.catch_up_s`."""
         assert self.draft_ctx is not None
+        if run.ahead is not None:  # a tree, or a chain with no room, after a pipelined chain
+            self._drop_ahead(run)
         feed = run.tokens[run.draft_cached :]
         t0 = time.perf_counter()
         row = self.draft_ctx.decode(feed, run.draft_cached)[-1]
@@ -712,8 +822,16 @@ class Engine:
         run.draft_cached = len(run.tokens)
         return row
 
-    def _verify_chain(self, run: _Run, proposed: list[int], from_draft: bool) -> list[int]:
+    def _verify_chain(
+        self,
+        run: _Run,
+        proposed: list[int],
+        from_draft: bool,
+        drafted: tuple[list[int], list[float]] | None = None,
+    ) -> list[int]:
         """One target pass over the root and `proposed`; returns the tokens the target decided.
+        `drafted`: the chain the draft drafted (`proposed` is its start) and its confidences,
+        for the pipeline (`_verify_while_drafting`) to draft on from.
 
         Greedy: the longest prefix equal to the target's argmaxes, then the target's own token.
         Sampling: speculative sampling against the draft's q rows (accept with min(1, p/q), else
@@ -722,10 +840,15 @@ class Engine:
         """
         stats, params = run.stats, run.sampling
         root_pos = len(run.tokens) - 1
+        batch = [run.tokens[-1], *proposed]
         native_before = self.target_ctx.decode_s
-        logits = self.target_ctx.decode([run.tokens[-1], *proposed], root_pos, logits="all")
+        ahead = None
+        if run.pipeline and drafted is not None and drafted[0]:
+            logits, ahead = self._verify_while_drafting(run, batch, len(proposed), drafted)
+        else:
+            logits = self.target_ctx.decode(batch, root_pos, logits="all")
         stats.target_passes += 1
-        self._record_pass(run, len(proposed) + 1, self.target_ctx.decode_s - native_before)
+        self._record_pass(run, len(batch), self.target_ctx.decode_s - native_before)
         if params.greedy:
             best = logits.argmax(axis=1)
             n_ok = 0
@@ -753,10 +876,99 @@ class Engine:
         committed = root_pos + 1 + n_ok  # positions below this hold committed tokens
         self.target_ctx.seq_rm(0, committed)
         run.target_cached = committed
-        if self.draft_ctx is not None and run.draft_cached > committed:
+        if ahead is not None and n_ok == len(proposed) and ahead[0][:1] == [next_token]:
+            self._carry_ahead(run, committed + 1, len(proposed), *ahead)
+        elif self.draft_ctx is not None and run.draft_cached > committed:
             self.draft_ctx.seq_rm(0, committed)
             run.draft_cached = committed
         return [*proposed[:n_ok], next_token]
+
+    def _verify_while_drafting(
+        self, run: _Run, batch: list[int], n_proposed: int, drafted: tuple[list[int], list[float]]
+    ) -> tuple[np.ndarray, tuple[list[int], list[float]]]:
+        """LLMCad's pipeline: the target verifies `batch` (the root and the first `n_proposed`
+        drafted tokens) on its CPUs while the draft, on its own, drafts on from the end of
+        `drafted` as if the target were to accept all of it. Returns the target's logits and the
+        draft tokens past the verified ones, with their confidences (`_draft_ahead`)."""
+        target_ctx = self.target_ctx
+        assert target_ctx.pinned is not None  # can_pipeline
+        native_before = target_ctx.decode_s
+        root_pos = len(run.tokens) - 1
+        verifying = target_ctx.pinned.submit(target_ctx.verify, batch, root_pos)
+        try:
+            ahead = self._draft_ahead(run, n_proposed, drafted, verifying)
+            t_wait = time.perf_counter()
+            logits = verifying.result()
+            waited = time.perf_counter() - t_wait
+        except BaseException:  # Ctrl+C: nothing may touch the target's cache while it decodes
+            target_ctx.pinned.wait_idle()
+            raise
+        # Of the target's time, what passed while the draft drafted was not spent waiting.
+        run.stats.overlap_s += max(target_ctx.decode_s - native_before - waited, 0.0)
+        return logits, ahead
+
+    def _draft_ahead(
+        self,
+        run: _Run,
+        n_proposed: int,
+        drafted: tuple[list[int], list[float]],
+        verifying: Future,
+    ) -> tuple[list[int], list[float]]:
+        """Draft on past the tokens under verification until the target is done, while the
+        tokens stay likely to be used (their calibrated chances' product: each is used only if
+        the target takes the whole chain and all before it), at most MAX_AHEAD. Returns the
+        drafted tokens past the verified ones (those drafted before the pass first) and their
+        confidences; the draft's cache holds all but the last."""
+        draft, draft_ctx, params = self.draft, self.draft_ctx, run.sampling
+        calibrator = run.calibrator
+        assert draft is not None and draft_ctx is not None
+        tokens, confidences = drafted[0][n_proposed:], drafted[1][n_proposed:]
+        reach = 1.0
+        for confidence in drafted[1]:
+            reach *= calibrator.predict(confidence)
+        last = drafted[0][-1]
+        pos = run.draft_cached  # `last`'s position: the draft has not evaluated it
+        limit = min(MAX_AHEAD, self.n_ctx - 1 - pos, self._tokens_left(run) - n_proposed - 1)
+        q_rows = self._draft_rows(n_proposed + MAX_AHEAD + 1) if not params.greedy else None
+        t0, evals = time.perf_counter(), 0
+        while (
+            len(tokens) < limit
+            and reach >= AHEAD_MIN_REACH
+            and not draft.is_eog(last)
+            and not verifying.done()
+        ):
+            row = draft_ctx.decode([last], pos)[-1]
+            pos += 1
+            evals += 1
+            if q_rows is None:
+                last, confidence = self._draft_candidates(row, 1)[0]
+            else:
+                q = q_rows[n_proposed + len(tokens)]
+                self._draft_probs(row, params, q)
+                last = sample(q, run.rng)
+                confidence = float(q[last])
+            tokens.append(last)
+            confidences.append(confidence)
+            reach *= calibrator.predict(confidence)
+        run.draft_cached = pos
+        run.stats.draft_s += time.perf_counter() - t0
+        run.stats.draft_evals += evals
+        run.stats.pipelined_evals += evals
+        return tokens, confidences
+
+    def _carry_ahead(
+        self, run: _Run, at: int, n_proposed: int, tokens: list[int], confidences: list[float]
+    ) -> None:
+        """The target took the whole chain and chose after it the token the draft had drafted
+        there (`tokens[0]`): what the draft drafted after that starts the next chain."""
+        tokens, confidences = tokens[1:], confidences[1:]
+        run.stats.pipelined_kept += len(tokens)
+        if not tokens:  # the draft has not evaluated the new root: the next round does, as usual
+            return
+        if not run.sampling.greedy:  # their q rows move to the start of the next chain's
+            first = n_proposed + 1
+            self._q_rows[: len(tokens)] = self._q_rows[first : first + len(tokens)]
+        run.ahead = _Ahead(at, tokens, confidences)
 
     def _round_ngram(self, run: _Run, room: int) -> list[int]:
         """Prompt lookup: propose what followed the longest recent match of the text's end.
@@ -851,14 +1063,14 @@ class Engine:
                 return len(accept_probs) < 2  # chain mode, a first pass stands for a step)
             return worth_drafting_on(accept_probs, accept_probs[-1], costs)
 
-        proposed, confidences = self._draft_chain(run, limit, keep_going)
-        if proposed:
+        drafted = proposed, confidences = self._draft_chain(run, limit, keep_going)
+        if run.draft_step_s:
             costs.record_draft_step(run.draft_step_s)
         if costs.measured and len(accept_probs) == len(proposed):
             # The drafting is paid for; verify only as far as the tokens pay for their pass.
             keep, _ = best_proposal_length(accept_probs, costs)
             proposed = proposed[:keep]
-        decided = self._verify_chain(run, proposed, from_draft=True)
+        decided = self._verify_chain(run, proposed, from_draft=True, drafted=drafted)
         n_ok = len(decided) - 1
         for i, confidence in enumerate(confidences[: min(n_ok + 1, len(proposed))]):
             calibrator.record(confidence, i < n_ok)
@@ -1129,12 +1341,14 @@ def load(
     draft_threads: int | None = None,
     target_cpus: str | None = None,
     draft_cpus: str | None = None,
+    pipeline: bool | None = None,
     verbose: bool = False,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
 
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
+    `pipeline`: see Engine.
     """
     from .backend import set_verbose
 
@@ -1156,6 +1370,7 @@ def load(
         threads=threads,
         draft_threads=draft_threads,
         placement=placement,
+        pipeline=pipeline,
     )
 
 

@@ -394,6 +394,63 @@ def save_auto_memory(
     _write_json_quietly(path, {**asdict(memory), "saved_at": saved_at})
 
 
+def _pipeline_path(
+    target: Path,
+    target_threads: int,
+    target_cpus: str,
+    draft: Path,
+    draft_threads: int,
+    draft_cpus: str,
+) -> Path | None:
+    try:
+        keys = [
+            profile_key(target.name, target.stat().st_size, target_threads, target_cpus),
+            profile_key(draft.name, draft.stat().st_size, draft_threads, draft_cpus),
+        ]
+    except OSError:
+        return None
+    return profiles_dir() / f"pipeline-{keys[0]}--{keys[1]}.json"
+
+
+def save_pipeline_speedup(
+    target: str | Path,
+    target_threads: int,
+    target_cpus: str,
+    draft: str | Path,
+    draft_threads: int,
+    draft_cpus: str,
+    speedup: float,
+) -> None:
+    """Remember what `edgespec profile --overlap` measured: a chain round pipelined on these
+    CPUs over the same round done serially on all of them. Errors are ignored."""
+    path = _pipeline_path(
+        Path(target), target_threads, target_cpus, Path(draft), draft_threads, draft_cpus
+    )
+    if path is not None:
+        measured_at = datetime.now(timezone.utc).isoformat()
+        _write_json_quietly(path, {"speedup": speedup, "measured_at": measured_at})
+
+
+def load_pipeline_speedup(
+    target: str | Path,
+    target_threads: int,
+    target_cpus: str,
+    draft: str | Path,
+    draft_threads: int,
+    draft_cpus: str,
+) -> float | None:
+    """The stored pipelined-over-serial speed-up of this pair on these CPUs; None if never
+    measured (or unreadable)."""
+    path = _pipeline_path(
+        Path(target), target_threads, target_cpus, Path(draft), draft_threads, draft_cpus
+    )
+    try:
+        speedup = float(json.loads(path.read_text("utf-8"))["speedup"]) if path else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return speedup if speedup is not None and speedup > 0 else None
+
+
 # --- Measuring ----------------------------------------------------------------------------------
 
 

@@ -65,6 +65,11 @@ class Stats:
     native_s: float = 0.0  # time inside llama.cpp's decode (both models) during decoding
     target_passes: int = 0  # target decode calls after prefill (verifications, or plain steps)
     draft_evals: int = 0  # draft model evaluations (one token each) spent on proposals
+    # LLMCad's pipeline: draft evaluations made while the target verified, the tokens the
+    # next chains started with thanks to them, and the target's time they hid
+    pipelined_evals: int = 0
+    pipelined_kept: int = 0
+    overlap_s: float = 0.0
     draft_tokens: int = 0  # tokens proposed for verification
     accepted_tokens: int = 0  # proposed tokens the target agreed with
     # accepted_hist[i]: verifications that accepted exactly i proposed tokens
@@ -130,6 +135,7 @@ class Stats:
             decode_s=round(self.decode_s, 4),
             draft_s=round(self.draft_s, 4),
             native_s=round(self.native_s, 4),
+            overlap_s=round(self.overlap_s, 4),
             overhead_ms_per_pass=round(self.overhead_ms_per_pass, 3),
             peak_rss_mb=round(self.peak_rss_mb, 1),
         )
@@ -144,6 +150,11 @@ class Stats:
             line += (
                 f", acceptance {self.acceptance_rate:.0%}, mean accepted {self.mean_accepted:.2f}"
                 f", {self.target_passes} target passes"
+            )
+        if self.pipelined_evals:
+            line += (
+                f", pipeline {self.pipelined_evals} draft steps during verification"
+                f" ({self.pipelined_kept} tokens kept)"
             )
         if self.tree and self.tree.trees:
             line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"

@@ -207,12 +207,16 @@ main() {
 
 	local pair=(-m "$target")
 	[[ $draft != none ]] && pair+=(--draft "$draft")
+	# With a draft, also whether LLMCad's pipeline pays here (remembered: where it does, run and
+	# chat with the same CPUs use it).
+	local measure=(--quick)
+	[[ $draft != none ]] && measure+=(--overlap)
 	say "a quick profile of this device (how much a verification pass costs here)"
 	if [[ $DRY_RUN == 1 && ! -x $edgespec ]]; then
-		run "$edgespec" profile --quick "${pair[@]}"
+		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
 		printf '    (skipped if this edgespec has no profile command)\n'
 	elif "$edgespec" profile --help >/dev/null 2>&1; then
-		run "$edgespec" profile --quick "${pair[@]}"
+		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
 	else
 		printf '    skipped: this edgespec has no profile command yet\n'
 	fi

@@ -196,6 +196,8 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--target-cpus", "9999"], "not available"),
         (["--draft-cpus", "1-x"], "bad CPU list"),
         (["--mode", "tree", "--alpha0", "0"], "--alpha0"),
+        (["--pipeline"], "CPUs of their own"),
+        (["--pipeline", "--mode", "ngram"], "--pipeline"),
     ],
 )
 def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from edgespec.backend import Context, Model
 from edgespec.cli.profile_cmd import profile
+from edgespec.cores import format_cpu_list
 from edgespec.errors import BadSettingError
 from edgespec.policy import PassCosts
 from edgespec.profile import (
@@ -28,6 +29,7 @@ from edgespec.profile import (
     current_cpus,
     load_auto_memory,
     load_pass_costs,
+    load_pipeline_speedup,
     load_profile,
     measure_curve,
     measure_profile,
@@ -300,8 +302,13 @@ def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     # timer noise), and the verdict is the ratio of the measured times.
     assert overlap["pipelined_s"] >= 0.9 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
     assert overlap["speedup"] == pytest.approx(overlap["serial_s"] / overlap["pipelined_s"])
+    # remembered: `run` with the same CPUs pipelines its chains by default where it paid
+    share = [format_cpu_list(c) for c in (cpus[:-1], cpus[-1:])]
+    stored = load_pipeline_speedup(smol_path, len(cpus) - 1, share[0], smol_path, 1, share[1])
+    assert stored == pytest.approx(overlap["speedup"])
     text = CliRunner().invoke(runner_app, args).stdout
-    assert "pipeline, chain of 4" in text and ("pays here" in text or "not pay here" in text)
+    assert "pipeline, chain of 4" in text
+    assert "chains pipeline by default" in text or "chains stay serial unless --pipeline" in text
 
 
 def test_profile_overlap_without_a_draft_is_a_clear_error(home, runner_app, smol_path):

@@ -107,7 +107,7 @@ def test_a_dry_run_shows_every_step_and_changes_nothing(script, sandbox, tmp_pat
     assert f"{venv}/bin/python -m pip install -e {SCRIPTS.parent}" in steps
     assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-1.5b" in steps
     assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-0.5b" in steps
-    assert "profile --quick -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in steps
+    assert "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in steps
     assert files_under(tmp_path) == before
 
 
@@ -169,7 +169,7 @@ def test_a_draft_can_be_chosen_too(sandbox):
     pair = ("--target", "qwen2.5-coder-1.5b", "--draft", "qwen2.5-coder-0.5b")
     done = run_script("termux-setup.sh", "--dry-run", *pair, env=sandbox)
     assert done.returncode == 0, done.stderr
-    assert "profile --quick -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in done.stdout
+    assert "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in done.stdout
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a venv")
