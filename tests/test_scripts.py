@@ -169,7 +169,8 @@ def test_a_draft_can_be_chosen_too(sandbox):
     pair = ("--target", "qwen2.5-coder-1.5b", "--draft", "qwen2.5-coder-0.5b")
     done = run_script("termux-setup.sh", "--dry-run", *pair, env=sandbox)
     assert done.returncode == 0, done.stderr
-    assert "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in done.stdout
+    measured = "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b"
+    assert measured in done.stdout
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a venv")
