@@ -9,6 +9,7 @@ exactly the committed tokens (the draft may lag behind and catches up in its nex
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -70,6 +71,7 @@ MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by 
 # tokens stay this likely to be used: on a phone the draft shares the memory bus with the target.
 MAX_AHEAD = MAX_AUTO_DRAFT
 AHEAD_MIN_REACH = 0.1
+DRAFT_TIMING_STEPS = 6  # one-token draft evaluations timed where a remembered cost shuts the gate
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
@@ -314,6 +316,7 @@ class Engine:
         # A plain step as auto mode's last generation left it: its arms are judged against it,
         # and one step timed at the start of each answer is noisy (35 against 40 tok/s here).
         self._step_s: float | None = None
+        self._draft_step_timed = False  # see _start_costs
         # LLMCad's pipeline needs each model on CPUs of its own, decoding on its own pinned
         # thread (cores.py); `edgespec profile --overlap` measures whether it pays.
         target_cpus, draft_cpus = self.placement.target_cpus, self.placement.draft_cpus
@@ -511,7 +514,7 @@ class Engine:
             run.policy = AutoPolicy(run.costs, self.model_arms)
             run.calibrator = run.policy.calibrator
             if self._step_s is not None:
-                self._start_costs(run.costs, self._step_s)
+                self._start_costs(run, self._step_s)
         round_fn = {
             "target": self._round_target,
             "chain": self._round_chain_mode,
@@ -999,7 +1002,7 @@ class Engine:
             decided = self._round_target(run, room)
             # The first step after the prompt took 27 ms where the next ones took 23-24 here.
             if run.warmed_up:
-                self._start_costs(costs, time.perf_counter() - t0)
+                self._start_costs(run, time.perf_counter() - t0)
             run.warmed_up = True
             return decided
         proposal, length, ngram_rate = self._priced_proposal(run, room)
@@ -1029,13 +1032,57 @@ class Engine:
         run.last_choice = choice
         return decided
 
-    def _start_costs(self, costs: Costs, step_s: float) -> None:
+    def _start_costs(self, run: _Run, step_s: float) -> None:
         """Auto mode's costs start from a plain step of `step_s` seconds, and a draft step in
-        target steps as known so far (else the first model round times it)."""
+        target steps as known so far (else the first model round times it).
+
+        What is known may be one earlier generation's measurement, and one that came out high
+        (0.34 of a target step here after a busy hour, where 0.25-0.28 is usual) can shut the
+        gate for model drafts (policy.models_can_pay): then no draft round comes to measure it
+        again, in this run or the next. So where that shuts the gate, a draft step is timed now,
+        once per engine, and remembered. (Not where the two models' profiles were measured
+        together: their ratio is the device's, whatever its load.)"""
+        costs = run.costs
         costs.step_s.update(step_s)
         relative = self._draft_cost()
         if relative is not None:
             costs.estimate_draft_step(step_s * relative)
+        policy = run.policy
+        if self._draft_step_timed or policy is None or not policy.arms:
+            return
+        if relative is None or self._profiles_together() or policy.models_can_pay():
+            return
+        self._draft_step_timed = True
+        seconds = self._time_draft_step(run)
+        if seconds is None:
+            return
+        costs.draft_s.value = None  # replaced, not averaged with what it corrects
+        costs.estimate_draft_step(seconds)
+        if self._arms_key is not None:
+            self._memory = replace(self._memory, draft_cost=seconds / step_s)
+            save_auto_memory(*self._arms_key, self._memory)
+
+    def _time_draft_step(self, run: _Run) -> float | None:
+        """A draft step's time, measured now: DRAFT_TIMING_STEPS one-token evaluations, the
+        median of the later half (the first few of a fresh process took 11-16 ms here where the
+        next took 6.5-7.5). Those that evaluated committed tokens the draft lacked stay in its
+        cache, as its next catching up would have put them; the others are removed. None where
+        the context has no room left."""
+        draft_ctx = self.draft_ctx
+        assert draft_ctx is not None
+        start, root = run.draft_cached, len(run.tokens) - 1
+        if start + DRAFT_TIMING_STEPS >= self.n_ctx:
+            return None
+        seconds = []
+        for pos in range(start, start + DRAFT_TIMING_STEPS):
+            t0 = time.perf_counter()
+            draft_ctx.decode([run.tokens[min(pos, root)]], pos)
+            seconds.append(time.perf_counter() - t0)
+        caught_up = min(DRAFT_TIMING_STEPS, root - start)
+        draft_ctx.seq_rm(0, start + caught_up)
+        run.draft_cached = start + caught_up
+        run.stats.draft_s += sum(seconds)
+        return statistics.median(seconds[DRAFT_TIMING_STEPS // 2 :])
 
     def _catch_up_s(self, run: _Run) -> float:
         """Seconds the draft would spend evaluating the tokens decided without it (auto's plain

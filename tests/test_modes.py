@@ -503,9 +503,9 @@ def test_auto_times_plain_decoding_from_its_second_step_and_keeps_it_for_the_nex
     timed: list[float] = []
     start_costs = Engine._start_costs
 
-    def recording(self: Engine, costs, step_s: float) -> None:
+    def recording(self: Engine, run, step_s: float) -> None:
         timed.append(step_s)
-        start_costs(self, costs, step_s)
+        start_costs(self, run, step_s)
 
     monkeypatch.setattr(Engine, "_start_costs", recording)
     engine.generate(PROMPTS[0], max_tokens=1, mode="auto")
@@ -514,6 +514,51 @@ def test_auto_times_plain_decoding_from_its_second_step_and_keeps_it_for_the_nex
     assert len(timed) == 1  # the second step
     engine.generate(PROMPTS[1], max_tokens=1, mode="auto")
     assert len(timed) == 2 and timed[1] > 0  # started from the last answer's
+
+
+def test_a_remembered_draft_cost_that_shuts_the_gate_is_timed_again_once_per_engine(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """A remembered draft cost is one generation's measurement. One far too high shuts auto's
+    gate for model drafts, and no draft round would come to correct it: the engine times a draft
+    step itself, once, and remembers what it found."""
+    import edgespec
+    from edgespec.engine import Engine
+    from edgespec.profile import AutoMemory, load_auto_memory, save_auto_memory
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    key = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)._arms_key
+    save_auto_memory(*key, AutoMemory({}, draft_cost=50.0))
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    engine.profile = engine.draft_profile = None  # no profiles: the memory is all it knows
+    assert engine._memory.draft_cost == 50.0
+    timings: list[float | None] = []
+    time_draft_step = Engine._time_draft_step
+
+    def recording(self: Engine, run) -> float | None:
+        timings.append(time_draft_step(self, run))
+        return timings[-1]
+
+    monkeypatch.setattr(Engine, "_time_draft_step", recording)
+    # A chain first, so that the draft holds the whole text; when auto goes on with it, the draft
+    # lacks fewer tokens than the timing evaluates (those beyond the text must not stay cached).
+    prompt = engine.prompt_tokens(PROMPTS[0])
+    first = engine.generate(prompt, max_tokens=12, mode="chain")
+    engine.generate([*prompt, *first.tokens], max_tokens=12, mode="auto")  # goes on
+    assert len(timings) == 1 and timings[0] is not None and timings[0] > 0
+    # the two models are alike in size: a draft step costs about a target step, not 50
+    assert 0.1 < engine._memory.draft_cost < 5
+    assert load_auto_memory(*key).draft_cost == engine._memory.draft_cost
+    # the draft's cache holds the text it is said to hold: its next row is a fresh context's
+    held = engine._draft_cache
+    engine.draft_ctx.seq_rm(0, len(held) - 1)
+    row = engine.draft_ctx.decode(held[-1:], len(held) - 1)[-1].copy()
+    fresh = Context(engine.draft, n_ctx=1024, n_threads=2)
+    expected = fresh.decode(held, 0)[-1].copy()
+    fresh.close()
+    assert row.argmax() == expected.argmax() and np.abs(row - expected).max() < 2.0
+    engine.generate(PROMPTS[1], max_tokens=12, mode="auto")
+    assert len(timings) == 1  # once per engine
 
 
 def test_a_tree_round_prices_the_draft_step_without_catching_it_up_on_the_prompt(
