@@ -511,7 +511,7 @@ class Engine:
         run.costs = Costs(self.relative_cost)
         run.costs.start_from(self._pass_costs)
         if cfg.mode == "auto":
-            run.policy = AutoPolicy(run.costs, self.model_arms)
+            run.policy = AutoPolicy(run.costs, self.model_arms, pipelined=run.pipeline)
             run.calibrator = run.policy.calibrator
             if self._step_s is not None:
                 self._start_costs(run, self._step_s)

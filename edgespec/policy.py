@@ -312,17 +312,28 @@ def worth_growing(
     return False
 
 
-def model_draft_ceiling(best_accept: float, costs: Costs, max_len: int = 32) -> float:
+def model_draft_ceiling(
+    best_accept: float, costs: Costs, max_len: int = 32, pipelined: bool = False
+) -> float:
     """The best speed-up over plain decoding a model chain could reach here if every draft token
     were as likely to be accepted as the draft's most confident ones: the device's curve and the
-    draft's cost decide it before a single draft is tried."""
+    draft's cost decide it before a single draft is tried.
+
+    `pipelined` (LLMCad's pipeline, each model on its own CPUs): the next chain is drafted while
+    this one is verified, and is of use where the target takes the whole chain and the draft's
+    next token too; a round then lasts the longer of the two, else both one after the other."""
     assert costs.step_s.value is not None and costs.draft_s.value is not None
     c_d = costs.draft_s.value / costs.step_s.value
     best, expected, alive = 0.0, 1.0, 1.0
     for k in range(1, max_len + 1):  # expected tokens of a chain of k, built up as k grows
         alive *= best_accept
         expected += alive
-        best = max(best, expected / (k * c_d + costs.verify_s(k + 1) / costs.step_s.value))
+        drafting, verifying = k * c_d, costs.verify_s(k + 1) / costs.step_s.value
+        seconds = drafting + verifying
+        if pipelined:
+            carried = alive * best_accept
+            seconds = carried * max(drafting, verifying) + (1 - carried) * seconds
+        best = max(best, expected / seconds)
     return best
 
 
@@ -435,9 +446,10 @@ class AutoPolicy:
 
     MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
 
-    def __init__(self, costs: Costs, arms: Sequence[Arm] = ()):
+    def __init__(self, costs: Costs, arms: Sequence[Arm] = (), pipelined: bool = False):
         self.costs = costs
         self.arms = list(arms)
+        self.pipelined = pipelined  # chains draft the next one while the target verifies
         self.calibrator = Calibrator()
         self.since_plain = 0  # rounds since the last plain step
         self.can_pay = False  # what the last choice found of models_can_pay()
@@ -464,7 +476,9 @@ class AutoPolicy:
         of; None while the draft's cost is unknown."""
         if self.costs.draft_s.value is None:
             return None
-        return model_draft_ceiling(self.calibrator.predict(SUREST), self.costs)
+        return model_draft_ceiling(
+            self.calibrator.predict(SUREST), self.costs, pipelined=self.pipelined
+        )
 
     def models_can_pay(self) -> bool:
         ceiling = self.model_ceiling()

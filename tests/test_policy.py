@@ -566,6 +566,22 @@ def test_the_model_ceiling_rises_with_a_cheaper_draft_and_a_flatter_curve():
     assert model_draft_ceiling(0.95, flat) > 1.25
 
 
+def test_a_pipelined_draft_is_priced_by_the_longer_of_drafting_and_verifying():
+    """Drafting the next chain while this one is verified hides the draft's time where the
+    target takes the whole chain: a draft too dear to pay one after the other can pay so."""
+    dear = costs(draft_s=0.015)  # half a target step a token
+    assert model_draft_ceiling(0.99, dear) < CEILING_MARGIN
+    assert model_draft_ceiling(0.99, dear, pipelined=True) > CEILING_MARGIN
+    serial = AutoPolicy(costs(draft_s=0.015), [Arm("chain")])
+    pipelined = AutoPolicy(costs(draft_s=0.015), [Arm("chain")], pipelined=True)
+    serial.calibrator = pipelined.calibrator = Calibrator()  # the same acceptance learnt
+    assert not serial.models_can_pay() and pipelined.models_can_pay()
+    # Where the target seldom takes a whole chain, the next one is seldom of use: nothing hidden.
+    for c in (0.005, 0.015):
+        hidden = model_draft_ceiling(0.5, costs(draft_s=c), pipelined=True)
+        assert hidden == pytest.approx(model_draft_ceiling(0.5, costs(draft_s=c)), rel=0.15)
+
+
 def test_auto_never_tries_a_model_draft_that_cannot_pay_on_this_device():
     # c_d 0.5 on a steep curve
     policy = AutoPolicy(costs(draft_s=0.015), [Arm("chain"), Arm("tree")])
