@@ -148,6 +148,19 @@ def test_bad_quantize_types_are_one_clear_line(capsys, smol_path, tmp_path, flag
     assert not dest.exists()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pipeline needs two CPUs")
+def test_run_pipelines_chains_when_asked_and_reports_it(capsys, smol_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    split = ["--target-cpus", str(cpus[-1]), "--draft-cpus", str(cpus[0])]
+    args = ["run", "-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain", *split]
+    code, out, _ = cli(capsys, *args, "--pipeline", "--json", "-n", "24", "Count to ten.")
+    assert code == 0
+    stats = json.loads(out)["stats"]
+    assert stats["pipelined_evals"] > 0 and stats["overlap_s"] > 0
+    code, out, _ = cli(capsys, *args, "--no-pipeline", "--json", "-n", "24", "Count to ten.")
+    assert code == 0 and json.loads(out)["stats"]["pipelined_evals"] == 0
+
+
 def one_line_error(code: int, err: str, *needles: str) -> None:
     assert code != 0
     lines = err.strip().splitlines()
