@@ -237,6 +237,7 @@ class Context:
         self._batch = ll.llama_batch_init(n_batch, n_embd, n_seq_max)
         if model.head:
             self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(n_batch, n_embd))
+            self._embd_address: int = self._embd.ctypes.data
         else:
             self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
@@ -296,7 +297,7 @@ class Context:
             if self._head is None:
                 self._tokens[0] = tokens[0]
             else:
-                self._head.feed(tokens, self._embd)
+                self._head.feed_one(tokens[0], self._embd_address)
             self._pos[0] = start_pos
             self._wants_logits[0] = logits != "none"
             return self._run(batch, 0 if logits == "none" else 1)

@@ -168,7 +168,12 @@ class TableRows:
     def into(self, tokens: Sequence[int], out: np.ndarray) -> None:
         """out[i] = the row of tokens[i]; `out` is a C-contiguous float32 (>= n, n_embd) array."""
         assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape[-1] == self.n_embd
-        address, dst, row_bytes, n = self._address, out.ctypes.data, self._row_bytes, self.n_embd
+        self.into_address(tokens, out.ctypes.data)
+
+    def into_address(self, tokens: Sequence[int], dst: int) -> None:
+        """`into` an array at address `dst` (a draft step's: its checks and address cost more
+        than the row, right after a decode)."""
+        address, row_bytes, n = self._address, self._row_bytes, self.n_embd
         for i, token in enumerate(tokens):
             self._dequantize(address + token * row_bytes, dst + i * n * 4, n)
 
@@ -204,6 +209,12 @@ class NarrowedHead:
         self._extra_rows = np.empty((MAX_EXTRA_TOKENS, self.n_embd), dtype=np.float32)
         self.n_extra = 0
         self._row = np.empty(self.n_kept + MAX_EXTRA_TOKENS, dtype=np.float32)
+
+    def feed_one(self, token: int, dst: int) -> None:
+        """`feed` of one token into the float32 row at address `dst`: a draft step."""
+        if not self._known[token]:
+            self._add_extras([token])
+        self.embeddings.into_address((token,), dst)
 
     def feed(self, tokens: Sequence[int], out: np.ndarray) -> None:
         """out[i] = the embedding of tokens[i]; tokens outside the kept set become extras."""
