@@ -40,7 +40,8 @@ def profile(
         typer.Option(
             "--overlap",
             help="Also time a chain round pipelined (draft and target at once on their own "
-            "CPUs) against serial: does LLMCad's pipeline pay here?",
+            "CPUs) against serial: does LLMCad's pipeline pay here? Remembered: where it pays, "
+            "run and chat with those CPUs pipeline their chains",
         ),
     ] = False,
     target_cpus: opt.TargetCpus = None,
@@ -86,12 +87,8 @@ def profile(
         # Each model on its share, one thread per CPU: as `run` places them with these CPUs.
         target_share, draft_share = split
         save_pipeline_speedup(
-            target_path,
-            len(target_share),
-            format_cpu_list(target_share),
-            draft_path,
-            len(draft_share),
-            format_cpu_list(draft_share),
+            (target_path, len(target_share), format_cpu_list(target_share)),
+            (draft_path, len(draft_share), format_cpu_list(draft_share)),
             overlap_report.speedup,
         )
     # A draft that is the target file was saved to the same path: list it once.

@@ -338,12 +338,8 @@ class Engine:
         self.pipeline = pipeline
         self.pipeline_speedup = (
             load_pipeline_speedup(
-                target.path,
-                threads,
-                format_cpu_list(target_cpus),
-                draft.path,
-                draft_threads,
-                format_cpu_list(draft_cpus),
+                (target.path, threads, format_cpu_list(target_cpus)),
+                (draft.path, draft_threads, format_cpu_list(draft_cpus)),
             )
             if self.can_pipeline and draft is not None
             else None

@@ -394,56 +394,34 @@ def save_auto_memory(
     _write_json_quietly(path, {**asdict(memory), "saved_at": saved_at})
 
 
-def _pipeline_path(
-    target: Path,
-    target_threads: int,
-    target_cpus: str,
-    draft: Path,
-    draft_threads: int,
-    draft_cpus: str,
-) -> Path | None:
+# A model as placed: its file, its threads and its CPUs ("0-3").
+Placed = tuple[str | Path, int, str]
+
+
+def _pipeline_path(target: Placed, draft: Placed) -> Path | None:
     try:
         keys = [
-            profile_key(target.name, target.stat().st_size, target_threads, target_cpus),
-            profile_key(draft.name, draft.stat().st_size, draft_threads, draft_cpus),
+            profile_key(Path(path).name, Path(path).stat().st_size, n_threads, cpus)
+            for path, n_threads, cpus in (target, draft)
         ]
     except OSError:
         return None
     return profiles_dir() / f"pipeline-{keys[0]}--{keys[1]}.json"
 
 
-def save_pipeline_speedup(
-    target: str | Path,
-    target_threads: int,
-    target_cpus: str,
-    draft: str | Path,
-    draft_threads: int,
-    draft_cpus: str,
-    speedup: float,
-) -> None:
+def save_pipeline_speedup(target: Placed, draft: Placed, speedup: float) -> None:
     """Remember what `edgespec profile --overlap` measured: a chain round pipelined on these
     CPUs over the same round done serially on all of them. Errors are ignored."""
-    path = _pipeline_path(
-        Path(target), target_threads, target_cpus, Path(draft), draft_threads, draft_cpus
-    )
+    path = _pipeline_path(target, draft)
     if path is not None:
         measured_at = datetime.now(timezone.utc).isoformat()
         _write_json_quietly(path, {"speedup": speedup, "measured_at": measured_at})
 
 
-def load_pipeline_speedup(
-    target: str | Path,
-    target_threads: int,
-    target_cpus: str,
-    draft: str | Path,
-    draft_threads: int,
-    draft_cpus: str,
-) -> float | None:
-    """The stored pipelined-over-serial speed-up of this pair on these CPUs; None if never
-    measured (or unreadable)."""
-    path = _pipeline_path(
-        Path(target), target_threads, target_cpus, Path(draft), draft_threads, draft_cpus
-    )
+def load_pipeline_speedup(target: Placed, draft: Placed) -> float | None:
+    """The stored pipelined-over-serial speed-up of this pair so placed; None if never measured
+    (or unreadable)."""
+    path = _pipeline_path(target, draft)
     try:
         speedup = float(json.loads(path.read_text("utf-8"))["speedup"]) if path else None
     except (OSError, ValueError, TypeError, KeyError):

@@ -11,9 +11,10 @@ from edgespec.backend import Context
 from edgespec.bench import NEAR_TIE  # why a near tie may differ: see there
 
 
-def fresh_logits(engine, tokens: list[int]) -> np.ndarray:
-    """The target's next-token logits after `tokens`, from a fresh context (one prefill)."""
-    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=2)
+def fresh_logits(engine, tokens: list[int], model=None) -> np.ndarray:
+    """The target's (or `model`'s) next-token logits after `tokens`, from a fresh context (one
+    prefill)."""
+    ctx = Context(model or engine.target, n_ctx=engine.n_ctx, n_threads=2)
     try:
         return ctx.decode(tokens, 0)[-1].copy()
     finally:

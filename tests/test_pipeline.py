@@ -87,31 +87,40 @@ def test_the_pipeline_moves_drafting_into_the_verifications(
     assert piped.stats.draft_evals - piped.stats.pipelined_evals < alone.stats.draft_evals
 
 
+def carried_starts(engine, generations) -> list[tuple[list[int], list[int], np.ndarray]]:
+    """The committed tokens, the carried tokens and their q rows of every chain that started
+    with what the pipeline drafted ahead, in the generations `generations()` runs."""
+    starts = []
+    draft_chain = engine._draft_chain
+
+    def recording(run, k, keep_going=None):
+        ahead = run.ahead
+        if ahead is not None and ahead.at == len(run.tokens):
+            q_rows = engine._q_rows[: len(ahead.tokens)].copy()  # none when greedy
+            starts.append((list(run.tokens), list(ahead.tokens), q_rows))
+        return draft_chain(run, k, keep_going)
+
+    engine._draft_chain = recording
+    try:
+        generations()
+    finally:
+        del engine._draft_chain
+    return starts
+
+
 def test_a_chain_starts_with_what_the_draft_drafts_after_the_committed_text(pipelined):
     """What the next chain is given is the draft's own greedy continuation of the text the target
     committed, not of a guess the verification turned down."""
     engine = pipelined
-    checked = 0
-    original = engine._draft_chain
-
-    def check_start(run, k, keep_going=None):
-        nonlocal checked
-        ahead = run.ahead
-        if ahead is not None and ahead.at == len(run.tokens):
-            for i, token in enumerate(ahead.tokens):
-                logits = draft_logits(engine, [*run.tokens, *ahead.tokens[:i]])
-                # the argmax, up to batch numerics (see the sampled case below)
-                assert logits[token] > logits.max() - 0.5
-                checked += 1
-        return original(run, k, keep_going)
-
-    engine._draft_chain = check_start
-    try:
-        for prompt in PROMPTS:
-            engine.generate(prompt, max_tokens=48, mode="chain")
-    finally:
-        del engine._draft_chain
-    assert checked >= 8
+    starts = carried_starts(
+        engine, lambda: [engine.generate(p, max_tokens=48, mode="chain") for p in PROMPTS]
+    )
+    assert sum(len(carried) for _, carried, _ in starts) >= 8
+    for committed, carried, _ in starts:
+        for i, token in enumerate(carried):
+            logits = fresh_logits(engine, [*committed, *carried[:i]], engine.draft)
+            # the argmax, up to batch numerics (see the sampled case below)
+            assert logits[token] > logits.max() - 0.5
 
 
 def test_a_sampled_chain_starts_with_the_draft_distributions_of_its_carried_tokens(pipelined):
@@ -120,44 +129,19 @@ def test_a_sampled_chain_starts_with_the_draft_distributions_of_its_carried_toke
     engine = pipelined
     params = SamplingParams(temperature=0.8)
     tokens = engine.prompt_tokens(PROMPTS[0])
-    checked = 0
-    original = engine._draft_chain
-
-    def check_start(run, k, keep_going=None):
-        nonlocal checked
-        ahead = run.ahead
-        if ahead is not None and ahead.at == len(run.tokens):
-            q_rows = engine._q_rows[: len(ahead.tokens)].copy()
-            for i in range(len(ahead.tokens)):
-                context = [*run.tokens, *ahead.tokens[:i]]
-                expected = probs_from_logits(draft_logits(engine, context), params)
-                # the same distribution up to batch numerics: the draft evaluated these tokens
-                # one at a time, a fresh context evaluates them in one batch, and this Q4_0's
-                # logits then differ by up to 1.7 (total variation up to 0.035 seen); another
-                # position's row would be another distribution altogether
-                assert 0.5 * np.abs(q_rows[i] - expected).sum() < 0.1
-                checked += 1
-        return original(run, k, keep_going)
-
-    engine._draft_chain = check_start
-    try:
-        for seed in range(4):
-            engine.generate(
-                tokens, max_tokens=40, mode="chain", draft_max=2, seed=seed, temperature=0.8
-            )
-    finally:
-        del engine._draft_chain
-    assert checked >= 4
-
-
-def draft_logits(engine, tokens: list[int]) -> np.ndarray:
-    from edgespec.backend import Context
-
-    ctx = Context(engine.draft, n_ctx=engine.n_ctx, n_threads=1)
-    try:
-        return ctx.decode(tokens, 0)[-1].copy()
-    finally:
-        ctx.close()
+    options = dict(max_tokens=40, mode="chain", draft_max=2, temperature=0.8)
+    starts = carried_starts(
+        engine, lambda: [engine.generate(tokens, seed=seed, **options) for seed in range(4)]
+    )
+    assert sum(len(carried) for _, carried, _ in starts) >= 4
+    for committed, carried, q_rows in starts:
+        for i in range(len(carried)):
+            logits = fresh_logits(engine, [*committed, *carried[:i]], engine.draft)
+            # the same distribution up to batch numerics: the draft evaluated these tokens one
+            # at a time, a fresh context evaluates them in one batch, and this Q4_0's logits
+            # then differ by up to 1.7 (total variation up to 0.035 seen); another position's
+            # row would be another distribution altogether
+            assert 0.5 * np.abs(q_rows[i] - probs_from_logits(logits, params)).sum() < 0.1
 
 
 def test_pipelined_sampling_keeps_the_targets_distribution_after_a_carried_start(
@@ -238,7 +222,7 @@ def test_pipelining_is_for_chains(pipelined):
 
 def test_by_default_chains_pipeline_only_where_profile_measured_it_paying(smol_path, smol_q4_0):
     def stored(speedup: float) -> None:
-        save_pipeline_speedup(smol_path, 1, TARGET_CPU, smol_q4_0, 1, DRAFT_CPU, speedup)
+        save_pipeline_speedup((smol_path, 1, TARGET_CPU), (smol_q4_0, 1, DRAFT_CPU), speedup)
 
     stored(0.7)
     assert not split_engine(smol_path, smol_q4_0, pipeline=None).pipelines("chain")

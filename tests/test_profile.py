@@ -304,7 +304,7 @@ def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     assert overlap["speedup"] == pytest.approx(overlap["serial_s"] / overlap["pipelined_s"])
     # remembered: `run` with the same CPUs pipelines its chains by default where it paid
     share = [format_cpu_list(c) for c in (cpus[:-1], cpus[-1:])]
-    stored = load_pipeline_speedup(smol_path, len(cpus) - 1, share[0], smol_path, 1, share[1])
+    stored = load_pipeline_speedup((smol_path, len(cpus) - 1, share[0]), (smol_path, 1, share[1]))
     assert stored == pytest.approx(overlap["speedup"])
     text = CliRunner().invoke(runner_app, args).stdout
     assert "pipeline, chain of 4" in text
