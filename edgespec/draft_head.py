@@ -218,14 +218,14 @@ class NarrowedHead:
 
     def feed(self, tokens: Sequence[int], out: np.ndarray) -> None:
         """out[i] = the embedding of tokens[i]; tokens outside the kept set become extras."""
-        if len(tokens) == 1:
-            if not self._known[tokens[0]]:
-                self._add_extras([tokens[0]])
-        else:
-            array = np.asarray(tokens, dtype=np.int64)
-            unknown = array[~self._known[array]]
-            if unknown.size:
-                self._add_extras(list(dict.fromkeys(unknown.tolist())))
+        if len(tokens) == 1:  # a tree's node
+            assert out.dtype == np.float32 and out.flags.c_contiguous
+            self.feed_one(tokens[0], out.ctypes.data)
+            return
+        array = np.asarray(tokens, dtype=np.int64)
+        unknown = array[~self._known[array]]
+        if unknown.size:
+            self._add_extras(list(dict.fromkeys(unknown.tolist())))
         self.embeddings.into(tokens, out)
 
     def _add_extras(self, tokens: list[int]) -> None:
