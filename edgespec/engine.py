@@ -678,14 +678,6 @@ class Engine:
     def _tokens_left(run: _Run) -> int:
         return run.cfg.max_tokens - len(run.generated)
 
-    def _passes_left(self, run: _Run) -> int:
-        """The target passes the answer may still take as it goes: its tokens left, times its
-        passes per token so far. On an edit, n-gram rounds decide two tokens a pass and more:
-        what a draft could still speed up is less than one step per token left."""
-        if not run.generated:
-            return self._tokens_left(run)
-        return self._tokens_left(run) * run.stats.target_passes // len(run.generated)
-
     def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
         """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch
         (greedy); or that proposal alone, where it promises more (`_model_or_ngram`)."""
@@ -1011,7 +1003,7 @@ class Engine:
             run.warmed_up = True
             return decided
         proposal, length, ngram_rate = self._priced_proposal(run, room)
-        choice = policy.choose(ngram_rate, self._catch_up_s(run), self._passes_left(run))
+        choice = policy.choose(ngram_rate, self._catch_up_s(run), self._tokens_left(run))
         run.stats.record_choice(choice)
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
         if choice == "ngram":

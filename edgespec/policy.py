@@ -59,13 +59,9 @@ TRY_ROUNDS = 4
 TRY_MAX_ROUNDS = 16
 TRY_GIVE_UP = 0.85
 # A try first catches the draft up on every token decided without it: 2-4 s on a long chat or
-# edit here. It waits until that is at most this share of the time the answer has left (its
-# passes left, as many a token as so far): a try that finds the draft worth using can only pay
-# back within the answer it is made in. At 5 % of its tokens left, a 100-token code prompt
-# (0.2 s to catch up) kept the draft out of 160-token answers where chains made 1.1-1.3x plain:
-# in one process, 4 repeats, interleaved, auto on code 1.085 -> 1.112x at 10 % (binary-search
-# 1.03 -> 1.11, cli-parser 1.00 -> 1.06), the edits' n-gram rounds priced in (2026-11-25).
-ANSWER_SHARE = 0.1
+# edit here. It waits until that is at most this share of the time the answer has left: a try
+# that finds the draft worth using can only pay back within the answer it is made in.
+ANSWER_SHARE = 0.05
 # Probes wait for text the target is sure of (the mean probability of the tokens of its plain
 # steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
 # where drafting lost. They used to wait until catching the draft up cost at most 2 % of the

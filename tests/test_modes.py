@@ -437,7 +437,7 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
 ):
     """The draft is 300 tokens behind (a long prompt it has not seen) and costs 0.2 of a step a
     token to catch up: 60 steps. An 8-token answer must not pay that for a probe; an answer that
-    may run 1500 tokens can (ANSWER_SHARE: 10 % of 1500 steps is 150)."""
+    may run 1500 tokens can (ANSWER_SHARE: 5 % of 1500 steps is 75)."""
     import edgespec
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
@@ -459,36 +459,6 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
         draft_evals[max_tokens] = stream.result.stats.draft_evals
     assert draft_evals[8] == 0
     assert draft_evals[1500] > 0
-
-
-def test_a_try_is_priced_against_the_steps_left_that_n_gram_rounds_would_not_decide(
-    smol_path, smol_q2_k, monkeypatch, tmp_path
-):
-    """On copied text n-gram rounds decide several tokens a pass: what the draft could still
-    speed up, and so what catching it up may cost, is less than a step per token left. The
-    answer's tokens left count as steps while every pass so far decided one token."""
-    import edgespec
-    from edgespec.policy import AutoPolicy
-
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
-    flat_device(engine, draft_cost=10.0)  # a draft that cannot pay: plain and n-gram rounds
-    stream = engine.stream(COPY_PROMPT, max_tokens=80, mode="auto")
-    seen: list[tuple[int, int, bool]] = []  # steps priced, tokens left, a pass per token
-    choose = AutoPolicy.choose
-
-    def recording(policy: AutoPolicy, ngram_rate, catch_up_s=0.0, rounds_left=None) -> str:
-        run = stream.run
-        one_a_pass = run.stats.target_passes == len(run.generated)
-        seen.append((rounds_left, run.cfg.max_tokens - len(run.generated), one_a_pass))
-        return choose(policy, ngram_rate, catch_up_s, rounds_left)
-
-    monkeypatch.setattr(AutoPolicy, "choose", recording)
-    stats = "".join(stream) and stream.result.stats
-    assert stats.choices.get("ngram", 0) > 0
-    assert all(priced == left for priced, left, one_a_pass in seen if one_a_pass)
-    assert all(priced <= left for priced, left, _ in seen)
-    assert any(priced < left // 2 for priced, left, _ in seen)
 
 
 def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_prompt(

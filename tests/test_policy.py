@@ -516,7 +516,7 @@ def test_a_probe_waits_for_text_the_target_is_sure_of():
 def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_too_much():
     step_s = 0.03
     catch_up_s = 0.5  # a draft 100 tokens behind
-    short_answer = int(catch_up_s / (ANSWER_SHARE * step_s)) - 1  # 165 rounds left: too few
+    short_answer = int(catch_up_s / (ANSWER_SHARE * step_s)) - 1  # 332 rounds left: too few
     for rounds_left, probed in ((short_answer, False), (10 * short_answer, True)):
         policy = AutoPolicy(costs(step_s=step_s), [Arm.remembered("chain", probe_every=32)])
         for arm in policy.arms:
