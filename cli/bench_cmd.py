@@ -110,6 +110,8 @@ def bench(
     for class_name in report.class_names:
         console.print(class_table(report.summaries(class_name), class_name))
     console.print(LEGEND, style="dim", markup=False)
+    if line := spread_line(report):
+        console.print(line, markup=False, soft_wrap=True)
     for line in divergence_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     console.print(ratio_chart(report))
@@ -192,6 +194,18 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
             f"{s.n_same}/{s.n_prompts}",
         )
     return table
+
+
+def spread_line(report: BenchReport) -> str | None:
+    """How noisy this run was, from plain decoding's own repeats; None with one repeat."""
+    spread = report.plain_spread
+    if spread is None:
+        return None
+    return (
+        f"plain decoding's own repeats differed by {spread.median:.0%} (median over prompts), "
+        f"up to {spread.largest:.0%} ({spread.prompt}): ratios closer than that may differ by "
+        "this run's noise"
+    )
 
 
 def divergence_lines(report: BenchReport) -> list[str]:

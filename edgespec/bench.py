@@ -465,6 +465,29 @@ class BenchSettings:
 
 
 @dataclass
+class Spread:
+    """How much plain decoding's own repeats of a prompt differed, (fastest - slowest) / median:
+    on a shared machine, two modes whose ratios are closer than this may differ by noise."""
+
+    median: float  # over the prompts
+    largest: float
+    prompt: str  # whose repeats differed the most
+
+
+def plain_spread(rows: Iterable[BenchRow]) -> Spread | None:
+    """The baseline's Spread over `rows`; None without two repeats of a prompt to compare."""
+    spreads = [
+        ((max(row.runs_tokens_per_s) - min(row.runs_tokens_per_s)) / row.tokens_per_s, row.prompt)
+        for row in rows
+        if row.mode == BASELINE and len(row.runs_tokens_per_s) > 1 and row.tokens_per_s > 0
+    ]
+    if not spreads:
+        return None
+    largest, prompt = max(spreads)
+    return Spread(statistics.median(spread for spread, _ in spreads), largest, prompt)
+
+
+@dataclass
 class BenchReport:
     machine: dict[str, object]
     settings: BenchSettings
@@ -486,13 +509,19 @@ class BenchReport:
     def summaries(self, class_name: str) -> list[ClassSummary]:
         return [s for s in self.classes if s.class_name == class_name]
 
+    @property
+    def plain_spread(self) -> Spread | None:
+        return plain_spread(self.rows)
+
     def to_dict(self) -> dict[str, object]:
+        spread = self.plain_spread
         return {
             "machine": self.machine,
             "settings": asdict(self.settings),
             "prompts": self.prompts,
             "rows": [asdict(row) for row in self.rows],
             "classes": [asdict(summary) for summary in self.classes],
+            "plain_spread": asdict(spread) if spread else None,
         }
 
 

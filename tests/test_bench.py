@@ -23,9 +23,10 @@ from edgespec.bench import (
     engine_runner,
     first_divergence,
     load_prompts,
+    plain_spread,
     run_bench,
 )
-from edgespec.cli.bench_cmd import bench, divergence_lines, ratio_bar
+from edgespec.cli.bench_cmd import bench, divergence_lines, ratio_bar, spread_line
 from edgespec.errors import BadSettingError
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -219,6 +220,21 @@ def test_a_ratio_bar_marks_one_x_and_grows_with_the_ratio():
     assert ratio_bar(2.0, 2.0, width=10) == "█████│████"
 
 
+def test_the_run_says_how_much_plain_decodings_own_repeats_differed(report):
+    plain = [row for row in report.rows if row.mode == BASELINE]
+    steady = replace(plain[0], prompt="steady", runs_tokens_per_s=[36.0, 36.0], tokens_per_s=36.0)
+    noisy = replace(plain[0], prompt="noisy", runs_tokens_per_s=[40.0, 34.0], tokens_per_s=37.5)
+    calm = replace(plain[0], prompt="calm", runs_tokens_per_s=[36.0, 37.5], tokens_per_s=36.75)
+    others = [replace(r, runs_tokens_per_s=[10.0, 50.0]) for r in report.rows if r.mode != BASELINE]
+    spread = plain_spread([steady, noisy, calm, *others])  # other modes' repeats do not count
+    assert spread is not None and spread.prompt == "noisy"
+    assert spread.largest == pytest.approx(6 / 37.5)
+    assert spread.median == pytest.approx(1.5 / 36.75)
+    # One repeat has nothing to compare: the report says nothing rather than 0 %.
+    assert report.settings.repeats == 1 and report.plain_spread is None
+    assert report.to_dict()["plain_spread"] is None and spread_line(report) is None
+
+
 def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     smol_path, tiny_suite, tmp_path
 ):
@@ -226,14 +242,17 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     app.command()(bench)
     out = tmp_path / "bench.json"
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
-    args += ["--repeats", "1", "-t", "1", "-n", "8", "-c", "1024", "--json", str(out)]
+    args += ["--repeats", "2", "-t", "1", "-n", "8", "-c", "1024", "--json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     for expected in ("code (1 prompt,", "chat (1 prompt,", "× plain", "llama", "│"):
         assert expected in result.stdout
+    assert "plain decoding's own repeats differed by" in result.stdout
     data = json.loads(out.read_text())
     assert {row["mode"] for row in data["rows"]} == {"target", "llama"}
     assert all(row["n_generated"] <= 8 for row in data["rows"])
+    spread = data["plain_spread"]
+    assert 0 <= spread["median"] <= spread["largest"] and spread["prompt"] in ("add", "sky")
 
 
 def test_a_text_differing_from_plain_is_explained_and_only_at_a_near_tie(report):
