@@ -43,6 +43,16 @@ MAX_REPLACEMENT = 8  # longest replacement of one source token that is learnt
 RESUME = 2  # source tokens that must follow a replacement for it to count as one
 POINTER_WINDOW = 64  # how far past the copy's last source token a match still continues it
 POINTER_MIN_NGRAM = 2  # a single token is too common to say where the copy resumes
+# A watched proposal says whether the copy goes on (the next proposal's `streak`) once this many
+# of its tokens are judged, not once all of them are: auto verifies 3 or 4 tokens of a 16-token
+# proposal, and the streak came from proposals 16 tokens back, so inside a quote it was set
+# late and rarely learnt. Replayed on the bench's outputs (scripts/ngram_replay.py, the Zen 5
+# curve): edits 1.79 / 2.01 / 1.39 -> 1.90 / 2.12 / 1.46x, summaries 1.09 / 1.21 / 2.48 ->
+# 1.11 / 1.26 / 2.52, code 1.00 +- 0.01; on nine other prompts (edits and summaries of this
+# repository's own modules and README, two code tasks) edits 2.50-2.71 -> 2.49-2.74, summaries
+# 1.04 / 1.51 / 1.01 -> 1.04 / 1.57 / 1.00, code 1.01 / 1.00 -> 0.99 / 0.99 (2026-11-25). Three
+# and four tokens gained less on both sets.
+STREAK_AFTER = 2
 
 
 @dataclass
@@ -50,8 +60,9 @@ class Proposal:
     tokens: list[int]  # empty when nothing matched
     ngram: int  # length of the suffix match, 0 when nothing matched
     confidence: float  # estimated probability that the first token is accepted
-    # Whether the last proposal judged before this one was right in full: inside a copied span,
-    # proposals keep being right, so the two cases are estimated apart.
+    # Whether the last proposal judged before this one was right (in its first STREAK_AFTER
+    # tokens, or in full when verified): inside a copied span, proposals keep being right, so
+    # the two cases are estimated apart.
     streak: bool = False
     # For each token: the history position of the source token it copies or stands in for, and
     # whether it is (part of) a learnt replacement rather than a copy.
@@ -132,9 +143,9 @@ class NgramDrafter:
                 elif not proposal.replaced[w.judged]:
                     self._pointer = proposal.origins[w.judged] + 1
                 w.judged += 1
-            if w.missed or w.judged == len(proposal.tokens):
+            if w.missed or w.judged >= min(len(proposal.tokens), STREAK_AFTER):
                 self._streak = not w.missed
-            else:
+            if not w.missed and w.judged < len(proposal.tokens):
                 pending.append(w)
         self._watched = pending
         self._learn_replacements(tokens)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from edgespec.ngram import NgramDrafter, Proposal
+from edgespec.ngram import STREAK_AFTER, NgramDrafter, Proposal
 from edgespec.policy import Costs, best_proposal_length, expected_tokens
 
 
@@ -191,6 +191,21 @@ def test_a_watched_proposal_is_judged_by_the_tokens_decided_after_it():
     judged = [drafter.acceptance(2, i) for i in range(3)]
     drafter.propose([*history, 7, 8, 1, 9], max_len=3)  # after a miss, nothing more is judged
     assert [drafter.acceptance(2, i) for i in range(3)] == judged
+
+
+def test_a_copy_going_on_is_noticed_from_the_first_tokens_of_a_watched_proposal():
+    """Inside a quote the next proposal is made long before the last one's 16 tokens are all
+    decided: whether its first tokens were right is what says the copy goes on."""
+    source = list(range(100, 140))
+    history = [*source, 7, *source[:4]]  # the text has begun to quote its source
+    drafter = NgramDrafter()
+    proposal = drafter.propose(history, max_len=16)
+    assert proposal.tokens == source[4:20] and not proposal.streak
+    drafter.watch(proposal, start=len(history))
+    history += source[4 : 4 + STREAK_AFTER]  # the quote goes on, the proposal is far from judged
+    assert drafter.propose(history, max_len=16).streak
+    history.append(1)  # and breaks: the next proposal starts outside the copy
+    assert not drafter.propose(history, max_len=16).streak
 
 
 def test_watching_sampled_text_learns_what_verifying_its_proposals_would():
