@@ -7,7 +7,8 @@ greedy tokens are replayed round by round. "auto" decides as `--mode auto` does 
 step and an n-gram proposal (the same drafter, learning and length choice; no model drafts);
 "oracle" knows how many proposed tokens are right and verifies exactly those. Every round is
 priced with this device's curve T(k)/T(1) (its stored profile), so the figures are free of
-timing noise: they say what the policy leaves on the table, not how fast a run was.
+timing noise: they say what the policy leaves on the table, not how fast a run was. A change
+tuned here should gain on scripts/holdout_prompts.toml too (its header says how to replay it).
 """
 
 from __future__ import annotations

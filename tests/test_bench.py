@@ -201,6 +201,14 @@ def test_the_shipped_suite_has_at_least_three_prompts_per_class():
         assert all(16 <= p.max_tokens <= budget for p in of_class)
 
 
+def test_the_held_out_prompts_load_and_are_none_of_the_shipped_ones():
+    held_out = load_prompts(Path(__file__).parent.parent / "scripts" / "holdout_prompts.toml")
+    assert {p.class_name for p in held_out} >= {"code", "edit", "summary"}
+    shipped = load_prompts()
+    assert not {p.name for p in held_out} & {p.name for p in shipped}
+    assert not {p.text for p in held_out} & {p.text for p in shipped}
+
+
 def test_prompts_can_be_chosen_by_class(tiny_suite):
     assert [p.name for p in load_prompts(tiny_suite, classes=["chat"])] == ["sky"]
     with pytest.raises(BadSettingError, match="no prompts of class poetry"):
