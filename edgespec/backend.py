@@ -8,7 +8,9 @@ cache per sequence, tokenize and detokenize. Nothing here knows about speculatio
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -23,7 +25,32 @@ from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
 
 _verbose = False
-_recent_native_errors: deque[str] = deque(maxlen=8)
+# ggml's log levels (ggml.h; llama-cpp-python's _logger.py numbers them one lower).
+_LOG_WARN, _LOG_ERROR = 3, 4
+
+
+class _NativeLog(threading.local):
+    """What llama.cpp said went wrong on this thread since `clear`, to explain a failed load:
+    the target and the draft load at once, on two threads, and each failure names its own."""
+
+    def __init__(self) -> None:
+        self.errors: deque[str] = deque(maxlen=8)
+        self.warnings: deque[str] = deque(maxlen=8)
+
+    def clear(self) -> None:
+        self.errors.clear()
+        self.warnings.clear()
+
+    def reason(self, default: str) -> str:
+        # The first error is the cause ("unknown model architecture: 'x'"); those after it say
+        # what failed because of it ("failed to load model").
+        said = self.errors[0] if self.errors else self.warnings[-1] if self.warnings else None
+        if said is None:
+            return default
+        return re.sub(r"^\w+: ", "", said)  # the C function's name says nothing to a user
+
+
+_native_log = _NativeLog()
 
 
 @ll.llama_log_callback
@@ -31,8 +58,10 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
     message = text.decode("utf-8", errors="replace")
     if _verbose:
         sys.stderr.write(message)
-    elif level in (2, 3):  # warnings and errors: kept to explain a failed load
-        _recent_native_errors.append(message.strip())
+    if level == _LOG_ERROR:
+        _native_log.errors.append(message.strip())
+    elif level == _LOG_WARN:
+        _native_log.warnings.append(message.strip())
 
 
 _backend_ready = False
@@ -112,10 +141,10 @@ class Model:
         # which the OS may reclaim while we generate (seen here: decoding fell from 23 to 0.4
         # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
         params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
-        _recent_native_errors.clear()
+        _native_log.clear()
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
-            reason = _recent_native_errors[-1] if _recent_native_errors else "unknown reason"
+            reason = _native_log.reason("unknown reason")
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)  # rows of logits
@@ -223,9 +252,10 @@ class Context:
         if model.head:  # the last hidden state too, to score the tokens outside the head
             params.embeddings = True
             params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
+        _native_log.clear()
         self._ctx = ll.llama_init_from_model(model._model, params)
         if not self._ctx:
-            reason = _recent_native_errors[-1] if _recent_native_errors else "out of memory?"
+            reason = _native_log.reason("out of memory?")
             raise ModelFileError(f"llama.cpp could not create a context for {model.path}: {reason}")
         self.n_ctx: int = min(n_ctx, ll.llama_n_ctx(self._ctx))
         self.n_batch: int = ll.llama_n_batch(self._ctx)

@@ -190,6 +190,22 @@ def test_a_truncated_gguf_is_one_clear_line(capsys, tmp_path, smol_path):
     one_line_error(code, err, "truncated")
 
 
+@pytest.mark.parametrize("bad_one", ["target", "draft"])
+def test_a_model_llama_cpp_cannot_load_is_one_line_with_its_reason(
+    capsys, tmp_path, smol_path, bad_one
+):
+    # Sound metadata (edgespec's own checks pass) naming an architecture llama.cpp does not know;
+    # the target and the draft load at once, on two threads, and the failing one is named.
+    data = bytearray(smol_path.read_bytes())
+    at = data.index(b"llama", data.index(b"general.architecture"))
+    data[at : at + 5] = b"llamx"
+    unknown = tmp_path / "unknown-arch.gguf"
+    unknown.write_bytes(data)
+    models = {"target": str(smol_path), "draft": str(smol_path), bad_one: str(unknown)}
+    code, _, err = cli(capsys, "run", "-m", models["target"], "--draft", models["draft"], "hi")
+    one_line_error(code, err, "unknown-arch.gguf", "unknown model architecture: 'llamx'")
+
+
 def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, tmp_path, smol_path):
     other = write_tiny_gguf(tmp_path / "other-vocab.gguf", n_vocab=300)
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(other), "hi")
