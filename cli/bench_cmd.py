@@ -23,7 +23,7 @@ LEGEND = (
     " accepted per verification; pass/tok: target passes per token; draft/pass: draft model"
     " evaluations per target pass; py ms/pass: edgespec's own time per target pass (outside"
     " llama.cpp); same plain: prompts whose text equals plain decoding (any other is"
-    " listed below, with whether it parted at a near tie)."
+    " listed below, with whether it parted at a near tie; – when sampling)."
 )
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
 
@@ -62,6 +62,13 @@ def bench(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the full report to this JSON file")
     ] = None,
+    temp: Annotated[
+        float,
+        typer.Option(
+            "--temp",
+            help="Sample at this temperature in every mode (repeat r with seed r); 0 is greedy",
+        ),
+    ] = 0.0,
 ) -> None:
     """Measure decode speed of every mode against plain decoding, in one interleaved run.
 
@@ -73,9 +80,11 @@ def bench(
     from edgespec.bench import available_modes, load_prompts, run_bench
     from edgespec.config import Settings
     from edgespec.errors import BadSettingError
+    from edgespec.sampling import SamplingParams
 
     from .app import DEFAULT_TARGET, resolve_draft, resolve_model
 
+    SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
     selected = load_prompts(prompts, _split(classes) if classes else None)
     if max_tokens is not None:
         if max_tokens < 1:
@@ -103,6 +112,7 @@ def bench(
         threads=threads,
         n_ctx=ctx_size,
         progress=_progress_line(status),
+        temperature=temp,
     )
 
     console = Console(highlight=False)
@@ -142,9 +152,10 @@ def _progress_line(status: Console) -> Progress | None:
 def _header(report: BenchReport) -> str:
     settings = report.settings
     draft = settings.draft.file if settings.draft else "none"
+    decoding = "greedy" if settings.greedy else f"sampling at temperature {settings.temperature:g}"
     return (
         f"target {settings.target.file}, draft {draft}, {settings.threads} threads, "
-        f"{_plural(settings.repeats, 'repeat')}, greedy\n"
+        f"{_plural(settings.repeats, 'repeat')}, {decoding}\n"
         f"{report.machine['cpu']} ({report.machine.get('simd', 'unknown')}), {settings.date}"
     )
 
@@ -191,7 +202,7 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
             _fmt(s.passes_per_token, ".2f"),
             _fmt(s.draft_evals_per_pass, ".1f"),
             _fmt(s.overhead_ms, ".2f"),
-            f"{s.n_same}/{s.n_prompts}",
+            "–" if s.n_same is None else f"{s.n_same}/{s.n_prompts}",
         )
     return table
 

@@ -2,10 +2,11 @@
 
 Speculation can be slower than plain decoding on a CPU (edge-physics.md), so the only honest
 figure is a ratio to plain decoding measured in the same run on the same machine. Every mode runs
-the same target file with the same threads, context size and prompt tokens, greedily, and is timed
-over the decode phase only (see `Measurement`). Besides edgespec's own modes, two baselines
-from llama-cpp-python's high-level `Llama` are measured: plain greedy decoding ("llama") and its
-prompt-lookup speculative decoding ("llama-lookup").
+the same target file with the same threads, context size and prompt tokens, greedily (or all
+sampling at one temperature), and is timed over the decode phase only (see `Measurement`).
+Besides edgespec's own modes, two baselines from llama-cpp-python's high-level `Llama` are
+measured: its plain decoding ("llama") and its prompt-lookup speculative decoding
+("llama-lookup").
 
 Runs are interleaved: each repeat goes through every prompt and runs every mode on it in a
 shuffled order, so slow drift of a shared machine spreads over the modes instead of biasing the
@@ -34,6 +35,7 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 from .backend import Context
 from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
 from .errors import BadSettingError, EdgespecError
+from .sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,7 +200,7 @@ def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
 
 @dataclass
 class Measurement:
-    """One greedy generation, timed over its decode phase only.
+    """One generation, timed over its decode phase only.
 
     decode_s starts once the prompt minus its last token is in the target's KV cache and ends
     when the last generated token is known: it includes evaluating the last prompt token and,
@@ -237,18 +239,21 @@ class Measurement:
         return self.draft_evals / self.target_passes if self.draft_evals else None
 
 
-Runner = Callable[[list[int], int], Measurement]  # (prompt tokens, max_tokens) -> measurement
+# (prompt tokens, max_tokens, sampling seed) -> measurement; greedy runners ignore the seed.
+Runner = Callable[[list[int], int, int], Measurement]
 
 
-def engine_runner(engine: Engine, mode: str) -> Runner:
+def engine_runner(engine: Engine, mode: str, temperature: float = 0.0) -> Runner:
     options = engine_options(mode)
 
-    def measure(prompt_tokens: list[int], max_tokens: int) -> Measurement:
+    def measure(prompt_tokens: list[int], max_tokens: int, seed: int) -> Measurement:
         # Each run starts as `edgespec run` would, without the draft knowing the prompt: the
         # draft catches up when it first drafts, timed, so a chain run of the same prompt just
         # before made the next run's first draft cheaper than it is.
         engine.forget_draft_cache()
-        result = engine.generate(prompt_tokens, max_tokens=max_tokens, **options)
+        result = engine.generate(
+            prompt_tokens, max_tokens=max_tokens, temperature=temperature, seed=seed, **options
+        )
         stats = result.stats
         return Measurement(
             tokens=result.tokens,
@@ -278,7 +283,8 @@ class _CountingLlama(Llama):
 
 
 class LlamaRunner:
-    """Greedy decoding through llama-cpp-python's high-level API, plain or with prompt lookup.
+    """Decoding through llama-cpp-python's high-level API, plain or with prompt lookup: greedy,
+    or sampling at a temperature with no other filter (as the engine's runs here).
 
     Its settings mirror the engine's target context: same file, threads for decode and batch,
     context size and batch size, and flash attention on (the engine's context leaves it on
@@ -293,7 +299,9 @@ class LlamaRunner:
         threads: int,
         is_eog: Callable[[int], bool],
         lookup_tokens: int | None = None,
+        temperature: float = 0.0,
     ):
+        self.temperature = temperature
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
         self.llm = _CountingLlama(
             model_path=str(model_path),
@@ -312,9 +320,10 @@ class LlamaRunner:
         )
         self.is_eog = is_eog
 
-    def __call__(self, prompt_tokens: list[int], max_tokens: int) -> Measurement:
+    def __call__(self, prompt_tokens: list[int], max_tokens: int, seed: int) -> Measurement:
         llm = self.llm
         llm.reset()
+        llm.set_seed(seed)
         llm.eval(prompt_tokens[:-1])  # the prefill, untimed as in the engine
         llm.pass_sizes.clear()
         generated: list[int] = []
@@ -325,7 +334,9 @@ class LlamaRunner:
         # prompt: n_tokens went 866 -> 867 and the first token took 0.03 s, against one pass of
         # 867 tokens and 7.5 s without the prefill. Checked on every run (pass_sizes[0] == 1).
         start = time.perf_counter()
-        for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0, reset=True):
+        # Its own defaults would filter (top-k 40, top-p 0.95, min-p 0.05): off, as in the engine.
+        sampling = {"temp": self.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+        for token in llm.generate(prompt_tokens, **sampling, repeat_penalty=1.0, reset=True):
             if self.is_eog(token):
                 stopped_on_eog = True
                 break
@@ -412,7 +423,9 @@ class BenchRow:
     passes_per_token: float | None
     draft_evals_per_pass: float | None
     overhead_ms: float | None  # our own (Python) time per target pass, median
-    same_as_target: bool  # every repeat generated exactly the baseline's tokens
+    # Every repeat generated exactly the baseline's tokens; None when sampling, where texts
+    # differ by their draws.
+    same_as_target: bool | None
     rounds: dict[str, int]  # over all repeats, by what drafted them: "ngram", "chain", "plain"...
     tokens: list[int]  # of the first repeat
     text: str
@@ -433,7 +446,7 @@ class ClassSummary:
     passes_per_token: float | None
     draft_evals_per_pass: float | None
     overhead_ms: float | None
-    n_same: int  # prompts whose output equals the baseline's
+    n_same: int | None  # prompts whose output equals the baseline's; None when sampling
     n_prompts: int
 
 
@@ -462,6 +475,9 @@ class BenchSettings:
     lookup_tokens: int  # draft length of "llama-lookup"
     seed: int  # of the shuffled mode order
     greedy: bool = True
+    # Sampling's temperature (0: greedy). Repeat r samples with seed r in every mode, so the
+    # modes' texts come from the same draws where they draw alike.
+    temperature: float = 0.0
 
 
 @dataclass
@@ -537,9 +553,11 @@ def _row(
     baseline: list[Measurement],
     engine: Engine,
     prompt_tokens: list[int],
+    greedy: bool = True,
 ) -> BenchRow:
     tokens_per_s = statistics.median(m.tokens_per_s for m in runs)
-    differing = [m for m in runs if m.tokens != baseline[0].tokens]
+    # Sampled texts differ from plain decoding's by their draws: nothing to compare.
+    differing = [m for m in runs if m.tokens != baseline[0].tokens] if greedy else []
     baseline_tokens_per_s = statistics.median(m.tokens_per_s for m in baseline)
     return BenchRow(
         mode=mode,
@@ -554,7 +572,7 @@ def _row(
         passes_per_token=_median_or_none(m.passes_per_token for m in runs),
         draft_evals_per_pass=_median_or_none(m.draft_evals_per_pass for m in runs),
         overhead_ms=_median_or_none(m.overhead_ms for m in runs),
-        same_as_target=not differing,
+        same_as_target=not differing if greedy else None,
         rounds=dict(sum((Counter(m.rounds) for m in runs), Counter())),
         tokens=runs[0].tokens,
         text=engine.target.detokenize(runs[0].tokens),
@@ -579,7 +597,11 @@ def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSum
         passes_per_token=_median_or_none(r.passes_per_token for r in rows),
         draft_evals_per_pass=_median_or_none(r.draft_evals_per_pass for r in rows),
         overhead_ms=_median_or_none(r.overhead_ms for r in rows),
-        n_same=sum(r.same_as_target for r in rows),
+        n_same=(
+            None
+            if any(r.same_as_target is None for r in rows)
+            else sum(bool(r.same_as_target) for r in rows)
+        ),
         n_prompts=len(rows),
     )
 
@@ -661,8 +683,10 @@ def run_bench(
     *,
     lookup_tokens: int = LOOKUP_TOKENS,
     seed: int = 0,
+    temperature: float = 0.0,
 ) -> BenchReport:
-    """Run every mode on every prompt `repeats` times, interleaved, and compare them.
+    """Run every mode on every prompt `repeats` times, interleaved, and compare them; greedy,
+    or sampling at `temperature` (repeat r draws with seed r in every mode).
 
     `modes` are edgespec's engine modes and "llama" / "llama-lookup"; the baseline "target" is
     always run. One Engine (with the draft) serves every engine mode; each llama mode loads the
@@ -672,6 +696,7 @@ def run_bench(
         raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
     if not prompts:
         raise BadSettingError("no prompts to run")
+    SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = _checked_modes(modes, has_draft=draft is not None)
     threads = threads or default_threads()
@@ -694,12 +719,15 @@ def run_bench(
             threads=threads,
             is_eog=engine.target.is_eog,
             lookup_tokens=lookup_tokens if mode == "llama-lookup" else None,
+            temperature=temperature,
         )
         for mode in modes
         if mode in LLAMA_MODES
     }
     runners: dict[str, Runner] = {
-        mode: llama_runners[mode] if mode in LLAMA_MODES else engine_runner(engine, mode)
+        mode: llama_runners[mode]
+        if mode in LLAMA_MODES
+        else engine_runner(engine, mode, temperature)
         for mode in modes
     }
     try:
@@ -708,8 +736,17 @@ def run_bench(
         for runner in llama_runners.values():
             runner.close()
 
+    greedy = temperature == 0
     rows = [
-        _row(mode, p, runs[mode, p.name], runs[BASELINE, p.name], engine, prompt_tokens[p.name])
+        _row(
+            mode,
+            p,
+            runs[mode, p.name],
+            runs[BASELINE, p.name],
+            engine,
+            prompt_tokens[p.name],
+            greedy,
+        )
         for p in prompts
         for mode in modes
     ]
@@ -729,6 +766,8 @@ def run_bench(
         modes=modes,
         lookup_tokens=lookup_tokens,
         seed=seed,
+        greedy=greedy,
+        temperature=temperature,
     )
     prompt_info = [
         {
@@ -763,7 +802,7 @@ def _interleaved_runs(
     first = prompts[0]
     for mode in modes:
         report(f"warm-up {mode}")
-        runners[mode](prompt_tokens[first.name], min(WARMUP_TOKENS, first.max_tokens))
+        runners[mode](prompt_tokens[first.name], min(WARMUP_TOKENS, first.max_tokens), 0)
         done += 1
     runs: dict[tuple[str, str], list[Measurement]] = {
         (mode, p.name): [] for mode in modes for p in prompts
@@ -773,7 +812,8 @@ def _interleaved_runs(
         for p in prompts:
             for mode in order.sample(modes, len(modes)):
                 report(f"repeat {repeat + 1}/{repeats} {p.class_name}/{p.name} {mode}")
-                runs[mode, p.name].append(runners[mode](prompt_tokens[p.name], p.max_tokens))
+                measure = runners[mode]
+                runs[mode, p.name].append(measure(prompt_tokens[p.name], p.max_tokens, repeat))
                 done += 1
     report("done")
     return runs

@@ -80,6 +80,8 @@ def main() -> None:
 
     run = json.loads(args.bench_json.read_text("utf-8"))
     settings = run["settings"]
+    if not settings.get("greedy", True):  # auto's decisions are replayed on greedy text only
+        parser.error(f"{args.bench_json} is a sampling run (--temp): replay a greedy one")
     engine = edgespec.load(settings["target"]["path"], n_ctx=settings["n_ctx"])
     generated = {row["prompt"]: row["tokens"] for row in run["rows"] if row["mode"] == "target"}
     by_class: dict[str, dict[str, list[float]]] = {}

@@ -256,11 +256,42 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     for expected in ("code (1 prompt,", "chat (1 prompt,", "× plain", "llama", "│"):
         assert expected in result.stdout
     assert "plain decoding's own repeats differed by" in result.stdout
+    assert "greedy" in result.stdout
     data = json.loads(out.read_text())
     assert {row["mode"] for row in data["rows"]} == {"target", "llama"}
     assert all(row["n_generated"] <= 8 for row in data["rows"])
     spread = data["plain_spread"]
     assert 0 <= spread["median"] <= spread["largest"] and spread["prompt"] in ("add", "sky")
+
+
+def test_a_sampling_bench_draws_repeat_r_with_seed_r_in_every_mode_and_compares_no_texts(
+    smol_path, tiny_suite, plain_engine
+):
+    report = run_bench(
+        smol_path, None, ["target", "llama"], load_prompts(tiny_suite), repeats=1, n_ctx=1024,
+        temperature=0.8,
+    )  # fmt: skip
+    assert not report.settings.greedy and report.settings.temperature == 0.8
+    for row in report.rows:  # sampled texts differ by their draws: no verdict on them
+        assert row.same_as_target is None and row.divergence is None and row.tokens_per_s > 0
+    assert all(summary.n_same is None for summary in report.classes)
+    prompt = plain_engine.prompt_tokens(load_prompts(tiny_suite)[1].text)
+    greedy = plain_engine.generate(prompt, max_tokens=16, mode="target").tokens
+    drawn = plain_engine.generate(prompt, max_tokens=16, mode="target", temperature=0.8, seed=0)
+    assert report.row("target", "sky").tokens == drawn.tokens != greedy
+    assert report.row("llama", "sky").tokens != greedy  # llama-cpp-python samples too
+    with pytest.raises(BadSettingError, match="--temp"):
+        run_bench(smol_path, None, ["target"], load_prompts(tiny_suite), temperature=-0.5)
+
+
+def test_the_command_says_when_it_sampled_and_gives_no_text_verdict(smol_path, tiny_suite):
+    app = typer.Typer()
+    app.command()(bench)
+    args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
+    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "4", "--temp", "0.7"])
+    assert result.exit_code == 0, result.output
+    assert "sampling at temperature 0.7" in result.stdout and "greedy" not in result.stdout
+    assert "/1" not in result.stdout  # the "same plain" column: no 1/1 or 0/1, a dash
 
 
 def test_a_text_differing_from_plain_is_explained_and_only_at_a_near_tie(report):
@@ -337,7 +368,7 @@ def test_every_engine_run_starts_with_a_draft_that_has_not_seen_the_prompt(q4_dr
     engine.generate = recording  # type: ignore[method-assign]
     try:
         for mode in ("chain", "auto", "tree", "auto"):
-            engine_runner(engine, mode)(prompt, 8)
+            engine_runner(engine, mode)(prompt, 8, 0)
     finally:
         del engine.generate
     assert draft_knew == [0, 0, 0, 0]

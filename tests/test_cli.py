@@ -234,6 +234,11 @@ def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
     one_line_error(code, err, needle)
 
 
+def test_a_bench_at_a_negative_temperature_is_one_clear_line(capsys, smol_path):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target", "--temp", "-1")
+    one_line_error(code, err, "--temp")
+
+
 def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "  ")
     one_line_error(code, err, "empty")

@@ -71,3 +71,15 @@ def test_the_script_replays_a_bench_json_of_a_real_model(tmp_path, smol_path):
     auto, oracle = float(row[2]), float(row[3])
     assert 1.0 <= auto <= oracle
     assert "median edit" in out
+
+
+def test_the_script_refuses_a_sampling_run(tmp_path):
+    import json
+    import subprocess
+
+    run = {"settings": {"target": {"path": "t.gguf"}, "n_ctx": 1024, "greedy": False}, "rows": []}
+    (tmp_path / "bench.json").write_text(json.dumps(run))
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "bench.json")], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "sampling run" in done.stderr
