@@ -474,10 +474,13 @@ class BenchSettings:
     modes: list[str]
     lookup_tokens: int  # draft length of "llama-lookup"
     seed: int  # of the shuffled mode order
-    greedy: bool = True
     # Sampling's temperature (0: greedy). Repeat r samples with seed r in every mode, so the
     # modes' texts come from the same draws where they draw alike.
     temperature: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 @dataclass
@@ -533,7 +536,7 @@ class BenchReport:
         spread = self.plain_spread
         return {
             "machine": self.machine,
-            "settings": asdict(self.settings),
+            "settings": {**asdict(self.settings), "greedy": self.settings.greedy},
             "prompts": self.prompts,
             "rows": [asdict(row) for row in self.rows],
             "classes": [asdict(summary) for summary in self.classes],
@@ -766,7 +769,6 @@ def run_bench(
         modes=modes,
         lookup_tokens=lookup_tokens,
         seed=seed,
-        greedy=greedy,
         temperature=temperature,
     )
     prompt_info = [

@@ -258,6 +258,7 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     assert "plain decoding's own repeats differed by" in result.stdout
     assert "greedy" in result.stdout
     data = json.loads(out.read_text())
+    assert data["settings"]["greedy"] is True and data["settings"]["temperature"] == 0
     assert {row["mode"] for row in data["rows"]} == {"target", "llama"}
     assert all(row["n_generated"] <= 8 for row in data["rows"])
     spread = data["plain_spread"]
