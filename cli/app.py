@@ -45,6 +45,7 @@ err = Console(stderr=True, highlight=False)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+INTERRUPTED = 130  # the exit status of a Ctrl+C (128 + SIGINT), as shells report it
 
 
 def resolve_model(value: str | None, default: str | None) -> Path | None:
@@ -204,10 +205,9 @@ def run(
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
+        sys.stdout.write("\n")  # the text so far stays; main() says it was interrupted
         sys.stdout.flush()
-        err.print("[dim]interrupted[/dim]")
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED) from None
     result = stream.result
     assert result is not None
     if as_json:
@@ -356,10 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (KeyboardInterrupt, typer.Abort):
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `edgespec run ... | head`: the reader went away, not an error
         return 0
+    if rv == INTERRUPTED:  # typer returns this for a Ctrl+C, wherever it came (loading, too)
+        print("interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0

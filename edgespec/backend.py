@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import re
+import signal
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import llama_cpp as ll
@@ -62,6 +64,24 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
         _native_log.errors.append(message.strip())
     elif level == _LOG_WARN:
         _native_log.warnings.append(message.strip())
+
+
+@contextmanager
+def _interrupt_after() -> Iterator[None]:
+    """Ctrl+C held until a long native call returns, then raised. llama.cpp calls back into
+    Python (its log) while it loads or quantizes, and a KeyboardInterrupt raised inside a ctypes
+    callback is printed as a traceback and dropped: the load went on, and the run with it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 _backend_ready = False
@@ -142,7 +162,8 @@ class Model:
         # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
         params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
         _native_log.clear()
-        self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        with _interrupt_after():
+            self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             reason = _native_log.reason("unknown reason")
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
@@ -253,7 +274,8 @@ class Context:
             params.embeddings = True
             params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
         _native_log.clear()
-        self._ctx = ll.llama_init_from_model(model._model, params)
+        with _interrupt_after():
+            self._ctx = ll.llama_init_from_model(model._model, params)
         if not self._ctx:
             reason = _native_log.reason("out of memory?")
             raise ModelFileError(f"llama.cpp could not create a context for {model.path}: {reason}")
@@ -449,6 +471,7 @@ def quantize(
     params.allow_requantize = True
     if output_type is not None:
         params.output_tensor_type = output_type
-    status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    with _interrupt_after():  # the quantizer cannot be stopped halfway
+        status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if status != 0:
         raise ModelFileError(f"llama.cpp could not quantize {src} (status {status})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -247,6 +248,41 @@ def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
 def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "-c", "64", "word " * 200)
     one_line_error(code, err, "context")
+
+
+def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(smol_path, monkeypatch):
+    """llama.cpp calls back into Python (its log) while it loads: a Ctrl+C raised inside that
+    callback was printed as a traceback and dropped, and the run went on."""
+    from edgespec.backend import Model, set_verbose
+
+    pressed = []
+
+    class CtrlCAtFirstLogLine(io.StringIO):
+        def write(self, text: str) -> int:
+            if not pressed:
+                pressed.append(text)
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside the callback
+            return len(text)
+
+    monkeypatch.setattr(sys, "stderr", CtrlCAtFirstLogLine())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    set_verbose(True)  # llama.cpp's log goes to sys.stderr, from the loading call
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Model(smol_path)
+    finally:
+        set_verbose(False)
+        signal.signal(signal.SIGINT, previous)
+    assert pressed
+
+
+def test_ctrl_c_before_generating_exits_130_saying_so(capsys, smol_path, monkeypatch):
+    def load_interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("edgespec.cli.app.load_engine", load_interrupted)
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "hi")
+    assert code == 130 and err.strip() == "interrupted" and not out
 
 
 # Pinned: decoding runs on the models' own threads, which Ctrl+C does not reach.
