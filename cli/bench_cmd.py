@@ -103,17 +103,23 @@ def bench(
         markup=False,
         soft_wrap=True,
     )
-    report = run_bench(
-        target_path,
-        draft_path,
-        mode_list,
-        selected,
-        repeats=repeats,
-        threads=threads,
-        n_ctx=ctx_size,
-        progress=_progress_line(status),
-        temperature=temp,
-    )
+    progress = _progress_line(status)
+    try:
+        report = run_bench(
+            target_path,
+            draft_path,
+            mode_list,
+            selected,
+            repeats=repeats,
+            threads=threads,
+            n_ctx=ctx_size,
+            progress=progress,
+            temperature=temp,
+        )
+    except KeyboardInterrupt:
+        if progress is not None:  # "interrupted" goes on a line of its own, not after it
+            sys.stderr.write("\r\x1b[K")
+        raise
 
     console = Console(highlight=False)
     console.print(_header(report), markup=False, soft_wrap=True)

@@ -285,6 +285,17 @@ def test_ctrl_c_before_generating_exits_130_saying_so(capsys, smol_path, monkeyp
     assert code == 130 and err.strip() == "interrupted" and not out
 
 
+def test_an_interrupted_bench_clears_its_progress_line_and_says_so(capsys, smol_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # On a terminal the progress line is rewritten in place; "interrupted" must not follow it.
+    monkeypatch.setattr("edgespec.cli.bench_cmd._progress_line", lambda status: print)
+    monkeypatch.setattr("edgespec.bench.run_bench", interrupted)
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target")
+    assert code == 130 and err.endswith("\r\x1b[Kinterrupted\n")
+
+
 # Pinned: decoding runs on the models' own threads, which Ctrl+C does not reach.
 @pytest.mark.parametrize("placement", [[], ["--target-cpus", "0", "--draft-cpus", "0"]])
 def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
