@@ -162,8 +162,14 @@ def _header(report: BenchReport) -> str:
     return (
         f"target {settings.target.file}, draft {draft}, {settings.threads} threads, "
         f"{_plural(settings.repeats, 'repeat')}, {decoding}\n"
-        f"{report.machine['cpu']} ({report.machine.get('simd', 'unknown')}), {settings.date}"
+        f"{report.machine['cpu']} ({_cpu_traits(report.machine)}), {settings.date}"
     )
+
+
+def _cpu_traits(machine: dict[str, object]) -> str:
+    """ "Zen 4, AVX-512": what sets batch costs, as far as the report knows it."""
+    traits = [machine.get("generation"), machine.get("simd", "unknown")]
+    return ", ".join(str(t) for t in traits if t)
 
 
 def _plural(n: int, noun: str) -> str:

@@ -33,6 +33,7 @@ from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from .backend import Context
+from .cores import cpu_generation, cpu_model, cpu_simd
 from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
 from .errors import BadSettingError, EdgespecError
 from .sampling import SamplingParams
@@ -609,51 +610,6 @@ def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSum
     )
 
 
-def _cpuinfo_lines(cpuinfo: Path) -> list[str]:
-    try:
-        return cpuinfo.read_text().splitlines()
-    except OSError:
-        return []
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's marketing name from /proc/cpuinfo (x86 "model name", ARM "Hardware"/"Model")."""
-    lines = _cpuinfo_lines(cpuinfo)
-    for key in ("model name", "Hardware", "Model"):
-        for line in lines:
-            name, _, value = line.partition(":")
-            if name.strip() == key and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
-# The vector extensions llama.cpp's CPU kernels use, best first, by their /proc/cpuinfo flag
-# names (x86 "flags", ARM "Features"). "AMD EPYC" alone names several generations whose batch
-# costs differ (AVX-512 or not): a bench result must say which one it ran on.
-SIMD_FLAGS = {
-    "avx512f": "AVX-512",
-    "avx2": "AVX2",
-    "sve": "SVE",
-    "i8mm": "I8MM",
-    "asimddp": "DOTPROD",
-    "asimd": "NEON",
-}
-
-
-def cpu_simd(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's vector extensions that matter to llama.cpp, e.g. "AVX2" or "I8MM DOTPROD NEON";
-    "unknown" when /proc/cpuinfo does not say."""
-    flags: set[str] = set()
-    for line in _cpuinfo_lines(cpuinfo):
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    found = [label for flag, label in SIMD_FLAGS.items() if flag in flags]
-    if "AVX-512" in found or "AVX2" in found:
-        found = found[:1]  # x86: the widest says it
-    return " ".join(found) or "unknown"
-
-
 def machine_info() -> dict[str, object]:
     import llama_cpp
 
@@ -661,6 +617,7 @@ def machine_info() -> dict[str, object]:
 
     return {
         "cpu": cpu_model(),
+        "generation": cpu_generation(),
         "simd": cpu_simd(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": default_threads(),

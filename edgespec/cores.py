@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import re
 import threading
 from collections.abc import Callable
@@ -265,3 +266,100 @@ def threads_by_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[
     for cpus in thread_cpus(pid, proc).values():
         counts[cpus] = counts.get(cpus, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def _cpuinfo_lines(cpuinfo: Path) -> list[str]:
+    try:
+        return cpuinfo.read_text().splitlines()
+    except OSError:
+        return []
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's marketing name from /proc/cpuinfo (x86 "model name", ARM "Hardware"/"Model")."""
+    lines = _cpuinfo_lines(cpuinfo)
+    for key in ("model name", "Hardware", "Model"):
+        for line in lines:
+            name, _, value = line.partition(":")
+            if name.strip() == key and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+# The vector extensions llama.cpp's CPU kernels use, best first, by their /proc/cpuinfo flag
+# names (x86 "flags", ARM "Features"). "AMD EPYC" alone names several generations whose batch
+# costs differ (AVX-512 or not): a bench result must say which one it ran on.
+SIMD_FLAGS = {
+    "avx512f": "AVX-512",
+    "avx2": "AVX2",
+    "sve": "SVE",
+    "i8mm": "I8MM",
+    "asimddp": "DOTPROD",
+    "asimd": "NEON",
+}
+
+
+def cpu_simd(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's vector extensions that matter to llama.cpp, e.g. "AVX2" or "I8MM DOTPROD NEON";
+    "unknown" when /proc/cpuinfo does not say."""
+    flags: set[str] = set()
+    for line in _cpuinfo_lines(cpuinfo):
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    found = [label for flag, label in SIMD_FLAGS.items() if flag in flags]
+    if "AVX-512" in found or "AVX2" in found:
+        found = found[:1]  # x86: the widest says it
+    return " ".join(found) or "unknown"
+
+
+# x86 CPUs by /proc/cpuinfo's "cpu family" and "model" (AMD's ranges as Linux's amd.c sorts them;
+# Intel's server parts): one cloud "AMD EPYC" was a Zen 5 on one day and a Zen 4 the next, where
+# a pass of 16 tokens cost 8.4 plain steps instead of 5.3, and speculation's worth with it.
+AMD_FAMILIES: dict[int, tuple[tuple[range, str], ...]] = {
+    0x17: ((range(0x00, 0x30), "Zen/Zen+"), (range(0x30, 0x100), "Zen 2")),
+    0x19: (
+        (range(0x00, 0x10), "Zen 3"),
+        (range(0x10, 0x20), "Zen 4"),
+        (range(0x20, 0x60), "Zen 3"),
+        (range(0x60, 0x80), "Zen 4"),
+        (range(0xA0, 0xB0), "Zen 4"),
+    ),
+    0x1A: ((range(0x00, 0x100), "Zen 5"),),
+}
+INTEL_FAMILY_6 = {
+    0x55: "Skylake-SP/Cascade Lake",
+    0x6A: "Ice Lake-SP",
+    0x8F: "Sapphire Rapids",
+    0xCF: "Emerald Rapids",
+    0xAD: "Granite Rapids",
+    0xAF: "Sierra Forest",
+}
+
+
+def cpu_generation(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """An x86 CPU's microarchitecture ("Zen 4"), else its family and model numbers; "" where
+    /proc/cpuinfo has neither (ARM names its cores by "CPU part", see cores.py)."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo_lines(cpuinfo):
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return ""
+    vendor = fields.get("vendor_id", "")
+    if vendor == "AuthenticAMD":
+        for models, name in AMD_FAMILIES.get(family, ()):
+            if model in models:
+                return name
+    if vendor == "GenuineIntel" and family == 6 and model in INTEL_FAMILY_6:
+        return INTEL_FAMILY_6[model]
+    return f"family {family} model {model}"
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """What this CPU is, as far as batch costs go: "AMD EPYC, Zen 4, AVX-512". Measured costs are
+    kept per identity: the same file on another CPU has another curve."""
+    traits = [cpu_model(cpuinfo), cpu_generation(cpuinfo), cpu_simd(cpuinfo)]
+    return ", ".join(t for t in traits if t)

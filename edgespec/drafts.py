@@ -3,7 +3,8 @@
 What a draft token costs decides whether speculation pays on a CPU (ceilings.md: the same 0.5B
 draft requantized from Q4_K_M to Q4_0 is worth 3-4x more speed-up here). Q4_0 has fast kernels on
 x86 (AVX2/AVX-512) and on ARM (repacked for dotprod/i8mm), but not on every CPU, so the choice is
-measured on the device, once, and remembered next to the model.
+measured on the device, once, and remembered next to the model (with the CPU it was measured
+on: on another, it is measured again).
 
 The copy's output matrix is Q4_0 too: llama.cpp keeps it at Q8_0 by default, and for a 0.5B model
 with a 151,936-token vocabulary it is a third of a draft step here (7 of 19 ms). As Q4_0 the step
@@ -25,6 +26,7 @@ from pathlib import Path
 import llama_cpp
 
 from .backend import Context, Model, quantize
+from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
 from .profile import alternating_steps
 
@@ -45,6 +47,7 @@ class DraftChoice:
     chosen: str
     step_ms: dict[str, float]  # one decode step of each, median
     n_threads: int
+    cpu: str = ""  # cores.cpu_identity() where it was measured; "" from an older edgespec
 
     def path(self, directory: Path) -> Path:
         return directory / self.chosen
@@ -64,6 +67,8 @@ def load_choice(draft: Path, n_threads: int) -> DraftChoice | None:
     except (OSError, ValueError, TypeError):
         return None
     if choice.n_threads != n_threads or choice.copy != copy_path(draft).name:
+        return None
+    if choice.cpu != cpu_identity():  # models copied to another device, or a VM that moved
         return None
     if not (draft.parent / choice.narrowed).exists():
         return None
@@ -117,6 +122,7 @@ def fastest_draft(
         chosen=narrowed.name if faster else base.name,
         step_ms={p.name: round(s * 1000, 3) for p, s in step_s.items()},
         n_threads=n_threads,
+        cpu=cpu_identity(),
     )
     say(
         f"draft step {choice.step_ms[narrowed.name]:.1f} ms narrowed, "

@@ -30,6 +30,7 @@ from .policy import (
     Arm,
     AutoPolicy,
     Calibrator,
+    CeilingShare,
     Costs,
     ModelOrNgram,
     PassCosts,
@@ -308,6 +309,7 @@ class Engine:
             Arm.remembered(name, self._memory.probe_every.get(name, 0))
             for name in (("chain", "tree") if draft else ())
         ]
+        self.ceiling_share = CeilingShare(self._memory.share_total, self._memory.share_tries)
         self.relative_cost: Callable[[int], float] = (
             self.profile.relative if self.profile else _default_curve
         )
@@ -357,9 +359,9 @@ class Engine:
             measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
             if measured is None:
                 say(
-                    f"measuring how fast this device runs {ctx.model.path.name} (first use or a "
-                    "profile from an older edgespec; a few seconds; `edgespec profile` measures "
-                    "in full)"
+                    f"measuring how fast this device runs {ctx.model.path.name} (first use on "
+                    "this CPU, or a profile from an older edgespec; a few seconds; `edgespec "
+                    "profile` measures in full)"
                 )
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 save_profile(measured)
@@ -508,7 +510,9 @@ class Engine:
         run.costs = Costs(self.relative_cost)
         run.costs.start_from(self._pass_costs)
         if cfg.mode == "auto":
-            run.policy = AutoPolicy(run.costs, self.model_arms, pipelined=run.pipeline)
+            run.policy = AutoPolicy(
+                run.costs, self.model_arms, pipelined=run.pipeline, share=self.ceiling_share
+            )
             run.calibrator = run.policy.calibrator
             if self._step_s is not None:
                 self._start_costs(run, self._step_s)
@@ -562,7 +566,8 @@ class Engine:
         costs = policy.costs
         draft_cost = costs.draft_cost(known=self._memory.draft_cost)  # as timed, if it was
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
-        memory = AutoMemory(tried, draft_cost)
+        share = self.ceiling_share
+        memory = AutoMemory(tried, draft_cost, share.total, share.tries)
         # A chat remembers after every answer: the file is written only when it would change.
         if (tried or draft_cost is not None) and not memory.same_as(self._memory):
             save_auto_memory(*self._arms_key, memory)

@@ -28,6 +28,17 @@ CEILING_MARGIN = 1.25
 # 0.99 -> 1.07x (binary-search 1.27), chat 0.99 -> 1.00 (no model round on chat), edits and
 # summaries unchanged (no model round either).
 SUREST = 0.99
+# The ceiling is a best case: real chains reach a share of it, which tries on text the target is
+# sure of (where chains are meant to pay) measure on this device, and the gate asks that ceiling
+# times that share beat plain decoding by MARGIN. Before any such try the share is
+# MARGIN / CEILING_MARGIN, the gate CEILING_MARGIN; it counts as SHARE_PRIOR_TRIES tries, and
+# only the last MAX_SHARE_TRIES weigh in full. On a Zen 4 here (a pass of 16 tokens 8.4 steps)
+# the ceiling was 1.24-1.39 and `chain` made 0.81-0.93x plain on code; in a chat of seven code
+# questions a probe came on nearly every answer and the chat made 0.92x plain over turns 2-7,
+# 1.05x once the first lost try (a share of 0.56) had shut the gate. On the Zen 5 chains made
+# 1.14-1.37x under a ceiling of ~1.6 (a share of 0.7-0.85).
+SHARE_PRIOR_TRIES = 2.0
+MAX_SHARE_TRIES = 8.0
 # A measured pass cost follows new passes of its size this fast: the load moves within minutes.
 PASS_WEIGHT = 0.2
 # It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
@@ -386,6 +397,28 @@ class ModelOrNgram:
 
 
 @dataclass
+class CeilingShare:
+    """How much of its ceiling (model_draft_ceiling) a model draft really reaches on this device:
+    each try on sure text's rate over plain decoding's, over the ceiling then; their mean, drawn
+    towards MARGIN / CEILING_MARGIN as if that had been seen in SHARE_PRIOR_TRIES tries."""
+
+    total: float = 0.0  # the tries' shares, summed (scaled down past MAX_SHARE_TRIES)
+    tries: float = 0.0
+
+    @property
+    def value(self) -> float:
+        prior = SHARE_PRIOR_TRIES * MARGIN / CEILING_MARGIN
+        return (prior + self.total) / (SHARE_PRIOR_TRIES + self.tries)
+
+    def record(self, share: float) -> None:
+        self.total += share
+        self.tries += 1
+        if self.tries > MAX_SHARE_TRIES:
+            self.total *= MAX_SHARE_TRIES / self.tries
+            self.tries = MAX_SHARE_TRIES
+
+
+@dataclass
 class Arm:
     """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached.
 
@@ -408,6 +441,7 @@ class Arm:
     since_try: int = 0
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
     trying: bool = False  # a try is under way
+    try_on_sure_text: bool = False  # it began where the target was sure of its text
     try_rounds: int = 0  # the current try's rounds so far, and what they made
     try_tokens: int = 0
     try_seconds: float = 0.0
@@ -424,8 +458,9 @@ class Arm:
         """Tokens per second of the current try's rounds together."""
         return self.try_tokens / max(self.try_seconds, 1e-9)
 
-    def start_try(self) -> str:
+    def start_try(self, on_sure_text: bool = False) -> str:
         self.trying, self.try_rounds, self.try_tokens, self.try_seconds = True, 0, 0, 0.0
+        self.try_on_sure_text = on_sure_text
         return self.name
 
     @classmethod
@@ -446,9 +481,17 @@ class AutoPolicy:
 
     MAX_PROBE_EVERY = 256  # a failed probe costs about one plain step: at most ~0.5 % here
 
-    def __init__(self, costs: Costs, arms: Sequence[Arm] = (), pipelined: bool = False):
+    def __init__(
+        self,
+        costs: Costs,
+        arms: Sequence[Arm] = (),
+        pipelined: bool = False,
+        share: CeilingShare | None = None,
+    ):
         self.costs = costs
         self.arms = list(arms)
+        # What the ceiling is worth here, kept by the engine across answers (and runs).
+        self.share = share if share is not None else CeilingShare()
         self.pipelined = pipelined  # chains draft the next one while the target verifies
         self.calibrator = Calibrator()
         self.since_plain = 0  # rounds since the last plain step
@@ -481,8 +524,9 @@ class AutoPolicy:
         )
 
     def models_can_pay(self) -> bool:
+        """Whether the ceiling, at the share of it drafts reach here, beats plain decoding."""
         ceiling = self.model_ceiling()
-        return ceiling is None or ceiling > CEILING_MARGIN
+        return ceiling is None or ceiling * self.share.value > MARGIN
 
     def record_plain_step(self, confidence: float) -> None:
         """A plain step: the target's probability of the token it chose."""
@@ -530,14 +574,14 @@ class AutoPolicy:
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
+        sure = self.sure_steps >= SURE_STEPS and (self.target_sure.value or 0.0) >= SURE_TEXT
         untried = [a for a in self.arms if not a.tried]
         if untried:
-            return untried[0].start_try()
+            return untried[0].start_try(sure)
         if best is not None:
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
-        sure = self.sure_steps >= SURE_STEPS and (self.target_sure.value or 0.0) >= SURE_TEXT
         due = [a for a in self.arms if a.since_try >= a.probe_every and sure]
-        return due[0].start_try() if due else "plain"
+        return due[0].start_try(sure) if due else "plain"
 
     def record_arm(self, name: str, tokens: int, seconds: float) -> None:
         """A round of arm `name` made `tokens` in `seconds` (catching the draft up aside: the
@@ -569,6 +613,9 @@ class AutoPolicy:
     def _judge(self, arm: Arm) -> None:
         """A try's verdict, on the sum of its rounds: in use if it beat plain decoding."""
         won = arm.try_rate > self.plain_rate() * MARGIN
+        ceiling = self.model_ceiling()
+        if arm.try_on_sure_text and ceiling:  # elsewhere chains are not meant to pay
+            self.share.record(arm.try_rate / self.plain_rate() / ceiling)
         # The verdict replaces what the arm measured before: that was another text, or load.
         arm.trying = False
         arm.tokens.value = arm.try_tokens / arm.try_rounds

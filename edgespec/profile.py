@@ -25,7 +25,13 @@ import numpy as np
 
 from .backend import Context, Model
 from .catalogue import home
-from .cores import PinnedThread, available_cpus, format_cpu_list, parse_cpu_list
+from .cores import (
+    PinnedThread,
+    available_cpus,
+    cpu_identity,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from .errors import BadSettingError
 from .policy import PassCosts
 
@@ -231,7 +237,11 @@ def current_cpus() -> str:
 
 
 def profiles_dir() -> Path:
-    return home() / "profiles"
+    """Where what was measured on this kind of CPU is kept: `home()/profiles/<cpu_identity>`.
+    The same model file costs otherwise on another CPU (a VM moved to another host here went
+    from a Zen 5 to a Zen 4, where a pass of 16 tokens cost 8.4 plain steps instead of 5.3):
+    there nothing is found and everything is measured afresh."""
+    return home() / "profiles" / re.sub(r"[^A-Za-z0-9.+-]+", "_", cpu_identity()).strip("_")
 
 
 def profile_key(model_file: str, model_size: int, n_threads: int, cpus: str) -> str:
@@ -348,18 +358,23 @@ def _arms_path(target: Path, draft: Path, n_threads: int, cpus: str) -> Path | N
 @dataclass
 class AutoMemory:
     """What auto mode learnt about drafting with one model pair on this device, for the next
-    run: how often it was probing each way of drafting (see policy.Arm.remembered), and what a
-    draft step cost in target steps (without a stored draft profile, only a try tells)."""
+    run: how often it was probing each way of drafting (see policy.Arm.remembered), what a
+    draft step cost in target steps (without a stored draft profile, only a try tells), and
+    what share of their ceiling its tries reached (policy.CeilingShare)."""
 
     probe_every: dict[str, int]
     draft_cost: float | None = None
+    share_total: float = 0.0
+    share_tries: float = 0.0
 
     # A draft cost within this fraction of the stored one is the same cost (it is an average of
     # noisy timings): the file is rewritten only when something worth remembering changed.
     COST_TOLERANCE = 0.05
 
     def same_as(self, other: AutoMemory) -> bool:
-        if self.probe_every != other.probe_every:
+        if self.probe_every != other.probe_every or self.share_tries != other.share_tries:
+            return False
+        if abs(self.share_total - other.share_total) > self.COST_TOLERANCE * other.share_tries:
             return False
         if self.draft_cost is None or other.draft_cost is None:
             return self.draft_cost is other.draft_cost
@@ -374,9 +389,15 @@ def load_auto_memory(
     try:
         data = json.loads(path.read_text("utf-8")) if path else {}
         cost = data.get("draft_cost")
+        share_total = float(data.get("share_total", 0))
+        share_tries = float(data.get("share_tries", 0))
+        if not (share_total >= 0 and share_tries >= 0):  # also NaN: as if never measured
+            share_total = share_tries = 0.0
         return AutoMemory(
             {str(name): int(every) for name, every in data["probe_every"].items()},
             float(cost) if cost is not None and float(cost) > 0 else None,
+            share_total,
+            share_tries,
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return AutoMemory({})

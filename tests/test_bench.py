@@ -18,6 +18,7 @@ from edgespec.bench import (
     BenchReport,
     Divergence,
     available_modes,
+    cpu_generation,
     cpu_simd,
     engine_options,
     engine_runner,
@@ -351,6 +352,41 @@ def test_the_bench_names_the_vector_extensions_that_set_batch_costs(tmp_path, cp
 
 def test_a_machine_without_cpuinfo_has_unknown_extensions(tmp_path):
     assert cpu_simd(tmp_path / "missing") == "unknown"
+
+
+def _x86(vendor: str, family: int, model: int) -> str:
+    return f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t: avx2\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "generation"),
+    [
+        (_x86("AuthenticAMD", 25, 17), "Zen 4"),  # EPYC 9004 (Genoa)
+        (_x86("AuthenticAMD", 26, 2), "Zen 5"),  # EPYC 9005 (Turin)
+        (_x86("AuthenticAMD", 25, 1), "Zen 3"),  # EPYC 7003 (Milan)
+        (_x86("AuthenticAMD", 23, 49), "Zen 2"),  # EPYC 7002 (Rome)
+        (_x86("GenuineIntel", 6, 143), "Sapphire Rapids"),
+        (_x86("GenuineIntel", 6, 60), "family 6 model 60"),  # a desktop Haswell: no name here
+        ("processor\t: 0\nCPU part\t: 0xd0b\nFeatures\t: fp asimd\n", ""),  # ARM
+    ],
+    ids=["zen4", "zen5", "zen3", "zen2", "sapphire-rapids", "unnamed-intel", "arm"],
+)
+def test_the_bench_names_the_x86_generation_the_model_name_hides(tmp_path, cpuinfo, generation):
+    """One "AMD EPYC" was a Zen 5 one day and a Zen 4 the next, whose batches cost 1.6x more."""
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert cpu_generation(path) == generation
+
+
+def test_the_header_names_the_generation_and_extensions(smol_path, tiny_suite, monkeypatch):
+    monkeypatch.setattr("edgespec.bench.cpu_generation", lambda: "Zen 4")
+    monkeypatch.setattr("edgespec.bench.cpu_simd", lambda: "AVX-512")
+    app = typer.Typer()
+    app.command()(bench)
+    args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target"]
+    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "2"])
+    assert result.exit_code == 0, result.output
+    assert "(Zen 4, AVX-512)" in result.stdout
 
 
 def test_every_engine_run_starts_with_a_draft_that_has_not_seen_the_prompt(q4_draft_engine):

@@ -50,6 +50,26 @@ def test_a_record_for_other_threads_or_a_broken_record_is_not_trusted(tmp_path, 
     assert load_choice(draft, n_threads=1) is None
 
 
+def test_a_record_made_on_another_cpu_is_timed_again_without_remaking_the_copies(
+    tmp_path, smol_path, monkeypatch
+):
+    """Which form is fastest is the CPU's to say (Q4_0's kernels are not fast everywhere)."""
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    monkeypatch.setattr("edgespec.drafts.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
+    fastest_draft(draft, n_threads=1)
+    assert load_choice(draft, n_threads=1) is not None
+
+    monkeypatch.setattr("edgespec.drafts.cpu_identity", lambda: "AMD EPYC, Zen 4, AVX-512")
+    assert load_choice(draft, n_threads=1) is None
+    said: list[str] = []
+    choice = fastest_draft(draft, n_threads=1, say=said.append)
+    assert choice.cpu == "AMD EPYC, Zen 4, AVX-512"
+    assert any("timing both forms" in line for line in said)
+    assert not any("making" in line or "narrowing" in line for line in said)
+    assert load_choice(draft, n_threads=1) == choice
+
+
 def test_a_copy_from_an_older_edgespec_is_replaced_by_the_current_one(tmp_path, smol_path):
     draft = tmp_path / smol_path.name
     shutil.copy(smol_path, draft)

@@ -366,7 +366,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
 
     import edgespec
     from edgespec.cores import format_cpu_list
-    from edgespec.profile import load_auto_memory, profile_path, save_profile
+    from edgespec.profile import load_auto_memory, profile_path, profiles_dir, save_profile
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
@@ -380,7 +380,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     )
     save_profile(slow_hour)
     profile_path(engine.draft_profile).unlink()  # a new draft: no profile, nothing learnt
-    for memory_file in (tmp_path / "profiles").glob("arms-*"):
+    for memory_file in profiles_dir().glob("arms-*"):
         memory_file.unlink()
 
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
@@ -395,7 +395,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     assert memory.draft_cost == pytest.approx(timed)
     again = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     assert again._draft_cost() == pytest.approx(timed)
-    for memory_file in (tmp_path / "profiles").glob("arms-*"):  # profiles of two hours and
+    for memory_file in profiles_dir().glob("arms-*"):  # profiles of two hours and
         memory_file.unlink()  # nothing learnt (an upgrade): timed once more, then known
     upgraded = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     upgraded.profile_if_missing()
@@ -559,6 +559,25 @@ def test_a_remembered_draft_cost_that_shuts_the_gate_is_timed_again_once_per_eng
     assert row.argmax() == expected.argmax() and np.abs(row - expected).max() < 2.0
     engine.generate(PROMPTS[1], max_tokens=12, mode="auto")
     assert len(timings) == 1  # once per engine
+
+
+def test_what_share_of_its_ceiling_the_draft_reached_is_kept_across_answers_and_runs(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    import edgespec
+    from edgespec.policy import CeilingShare
+    from edgespec.profile import AutoMemory, load_auto_memory, save_auto_memory
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    key = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)._arms_key
+    save_auto_memory(*key, AutoMemory({"chain": 16}, 0.3, share_total=1.2, share_tries=2.0))
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    assert engine.ceiling_share == CeilingShare(1.2, 2.0)
+    engine.ceiling_share.record(0.4)  # as a try on sure text would
+    engine.generate(PROMPTS[0], max_tokens=8, mode="auto")
+    memory = load_auto_memory(*key)
+    assert (memory.share_total, memory.share_tries) == pytest.approx((1.6, 3.0))
+    assert edgespec.load(smol_path, smol_q2_k, n_ctx=1024).ceiling_share == CeilingShare(1.6, 3.0)
 
 
 def test_a_tree_round_prices_the_draft_step_without_catching_it_up_on_the_prompt(

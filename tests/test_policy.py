@@ -12,6 +12,8 @@ from edgespec.policy import (
     CEILING_MARGIN,
     FIRST_PROBE_EVERY,
     KEEP_MARGIN,
+    MARGIN,
+    MAX_SHARE_TRIES,
     MIN_DRAFT_ROUNDS,
     PLAIN_EVERY,
     SURE_STEPS,
@@ -22,6 +24,7 @@ from edgespec.policy import (
     Arm,
     AutoPolicy,
     Calibrator,
+    CeilingShare,
     Costs,
     Ema,
     ModelOrNgram,
@@ -645,3 +648,44 @@ def test_an_arm_that_lost_in_an_earlier_run_waits_for_sure_text_instead_of_going
     fresh = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=8)])
     assert fresh.choose(None) == "chain"  # it did not lose: tried first, as a new arm
     assert Arm.remembered("tree", 10**6).probe_every == AutoPolicy.MAX_PROBE_EVERY
+
+
+def test_where_tries_on_sure_text_reach_too_little_of_the_ceiling_the_draft_is_left_alone():
+    """A Zen 4 here: the ceiling 1.24-1.39, chains 0.83-0.93x plain on code, and every code
+    answer's probe cost 5-15 % of it. The same losing tries under a Zen 5's higher ceiling do
+    not shut the gate: there chains made 1.14-1.37x, and tries are noisy."""
+    losing_round = (4, 4 / (0.88 / 0.03))  # 0.88x plain, where a step takes 30 ms
+    for draft_s, probed_again in ((0.012, False), (0.008, True)):  # ceilings 1.33 and 1.62
+        arms, share = [Arm("chain")], CeilingShare()
+        first = AutoPolicy(costs(step_s=0.03, draft_s=draft_s), arms, share=share)
+        assert first.models_can_pay()
+        decode(first, 300, arm_round=losing_round, sure=0.95)
+        first.finish()
+        assert share.tries >= 1
+        assert share.total / share.tries == pytest.approx(0.88 / first.model_ceiling(), rel=0.05)
+        later = AutoPolicy(costs(step_s=0.03, draft_s=draft_s), arms, share=share)
+        chosen = decode(later, 300, arm_round=losing_round, sure=0.95)
+        assert ("chain" in chosen) == probed_again, draft_s
+
+
+def test_before_any_try_the_share_makes_the_gate_the_ceiling_margin():
+    assert CeilingShare().value * CEILING_MARGIN == pytest.approx(MARGIN)
+
+
+def test_a_try_begun_before_the_text_showed_itself_teaches_nothing_of_the_ceiling():
+    """An untried arm is tried at an answer's first round, a chat's as well as code's: where
+    chains are not meant to pay, what they reach says nothing of where they are."""
+    share = CeilingShare()
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")], share=share)
+    try_arm(policy, "chain", tokens=1, seconds=0.06)
+    assert not policy.arms[0].in_use and share.tries == 0
+
+
+def test_the_share_follows_the_recent_tries():
+    share = CeilingShare()
+    for _ in range(20):
+        share.record(0.5)  # a busy hour, say
+    for _ in range(int(MAX_SHARE_TRIES)):
+        share.record(0.9)
+    assert share.tries == MAX_SHARE_TRIES
+    assert share.value > 0.7  # where the mean of all 28 is 0.61

@@ -203,8 +203,20 @@ def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_pat
     assert load_auto_memory(model_file, draft, 1, "0-1") == AutoMemory({})
     assert load_auto_memory(draft, model_file, 2, "0-1") == AutoMemory({})
     assert load_auto_memory(model_file, tmp_path / "gone.gguf", 2, "0-1") == AutoMemory({})
-    next(home.glob("profiles/arms-*.json")).write_text("{not json")
+    next(profiles_dir().glob("arms-*.json")).write_text("{not json")
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
+
+
+def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_file, tmp_path):
+    draft = tmp_path / "some-draft.gguf"
+    draft.write_bytes(b"GGUF" + bytes(50))
+    learnt = AutoMemory({"chain": 16}, draft_cost=0.3, share_total=1.3, share_tries=2.0)
+    save_auto_memory(model_file, draft, 2, "0-1", learnt)
+    assert load_auto_memory(model_file, draft, 2, "0-1") == learnt
+    assert not learnt.same_as(AutoMemory({"chain": 16}, 0.3, share_total=1.9, share_tries=3.0))
+    older = next(profiles_dir().glob("arms-*.json"))  # an older edgespec's file: no share
+    older.write_text(json.dumps({"probe_every": {"chain": 16}, "draft_cost": 0.3}))
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 16}, 0.3)
 
 
 def test_measured_pass_costs_are_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
@@ -216,8 +228,28 @@ def test_measured_pass_costs_are_kept_per_target_threads_and_cpus(home, model_fi
     assert load_pass_costs(model_file, 1, "0-1", None) == PassCosts()
     assert load_pass_costs(model_file, 2, "0", None) == PassCosts()
     assert load_pass_costs(tmp_path / "gone.gguf", 2, "0-1", None) == PassCosts()
-    next(home.glob("profiles/passes-*.json")).write_text('{"steps": {"4": "x"}}')
+    next(profiles_dir().glob("passes-*.json")).write_text('{"steps": {"4": "x"}}')
     assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+
+
+def test_what_was_measured_on_another_cpu_is_not_found(home, model_file, tmp_path, monkeypatch):
+    """A VM moved to another host here went from a Zen 5 to a Zen 4, where a pass of 16 tokens
+    cost 8.4 plain steps instead of 5.3: nothing measured there holds."""
+    draft = tmp_path / "some-draft.gguf"
+    draft.write_bytes(b"GGUF" + bytes(50))
+    monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
+    profile = a_profile(model_file)
+    save_profile(profile)
+    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, {4: 3}, batch_factor=1.2))
+    save_auto_memory(model_file, draft, 2, "0-1", AutoMemory({"chain": 64}, draft_cost=0.3))
+
+    monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 4, AVX-512")
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
+
+    monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
+    assert load_profile(model_file, n_threads=2, cpus="0-1") == profile
 
 
 def test_a_profile_measured_after_the_passes_supersedes_them(home, model_file):
