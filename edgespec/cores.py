@@ -10,6 +10,7 @@ tier, where it can run while the target verifies.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -339,7 +340,7 @@ INTEL_FAMILY_6 = {
 
 def cpu_generation(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """An x86 CPU's microarchitecture ("Zen 4"), else its family and model numbers; "" where
-    /proc/cpuinfo has neither (ARM names its cores by "CPU part", see cores.py)."""
+    /proc/cpuinfo has neither (ARM names its cores by "CPU part": detect_cores)."""
     fields: dict[str, str] = {}
     for line in _cpuinfo_lines(cpuinfo):
         name, _, value = line.partition(":")
@@ -358,6 +359,7 @@ def cpu_generation(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return f"family {family} model {model}"
 
 
+@functools.cache  # asked at every save and load of what was measured; the CPU stays
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """What this CPU is, as far as batch costs go: "AMD EPYC, Zen 4, AVX-512". Measured costs are
     kept per identity: the same file on another CPU has another curve."""

@@ -374,6 +374,7 @@ class AutoMemory:
     def same_as(self, other: AutoMemory) -> bool:
         if self.probe_every != other.probe_every or self.share_tries != other.share_tries:
             return False
+        # with as many tries, the mean share within COST_TOLERANCE: the same
         if abs(self.share_total - other.share_total) > self.COST_TOLERANCE * other.share_tries:
             return False
         if self.draft_cost is None or other.draft_cost is None:
