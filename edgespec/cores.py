@@ -92,13 +92,8 @@ def _read_int(path: Path) -> int | None:
 
 def _cpu_parts(cpuinfo: Path) -> dict[int, int]:
     """processor number -> CPU part, from /proc/cpuinfo (ARM only; x86 has no such line)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return {}
     parts, processor = {}, None
-    for line in text.splitlines():
-        key, _, value = (s.strip() for s in line.partition(":"))
+    for key, value in _cpuinfo_pairs(cpuinfo):
         if key == "processor" and value.isdigit():
             processor = int(value)
         elif key == "CPU part" and processor is not None and re.fullmatch(r"0x[0-9a-fA-F]+", value):
@@ -269,21 +264,22 @@ def threads_by_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[
     return dict(sorted(counts.items()))
 
 
-def _cpuinfo_lines(cpuinfo: Path) -> list[str]:
+def _cpuinfo_pairs(cpuinfo: Path) -> list[tuple[str, str]]:
+    """/proc/cpuinfo's "key : value" lines, stripped, in order; none where it cannot be read."""
     try:
-        return cpuinfo.read_text().splitlines()
+        lines = cpuinfo.read_text().splitlines()
     except OSError:
         return []
+    return [(key.strip(), value.strip()) for key, _, value in (s.partition(":") for s in lines)]
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's marketing name from /proc/cpuinfo (x86 "model name", ARM "Hardware"/"Model")."""
-    lines = _cpuinfo_lines(cpuinfo)
-    for key in ("model name", "Hardware", "Model"):
-        for line in lines:
-            name, _, value = line.partition(":")
-            if name.strip() == key and value.strip():
-                return value.strip()
+    pairs = _cpuinfo_pairs(cpuinfo)
+    for wanted in ("model name", "Hardware", "Model"):
+        for key, value in pairs:
+            if key == wanted and value:
+                return value
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -304,9 +300,8 @@ def cpu_simd(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's vector extensions that matter to llama.cpp, e.g. "AVX2" or "I8MM DOTPROD NEON";
     "unknown" when /proc/cpuinfo does not say."""
     flags: set[str] = set()
-    for line in _cpuinfo_lines(cpuinfo):
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
+    for key, value in _cpuinfo_pairs(cpuinfo):
+        if key in ("flags", "Features"):
             flags.update(value.split())
     found = [label for flag, label in SIMD_FLAGS.items() if flag in flags]
     if "AVX-512" in found or "AVX2" in found:
@@ -342,9 +337,8 @@ def cpu_generation(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """An x86 CPU's microarchitecture ("Zen 4"), else its family and model numbers; "" where
     /proc/cpuinfo has neither (ARM names its cores by "CPU part": detect_cores)."""
     fields: dict[str, str] = {}
-    for line in _cpuinfo_lines(cpuinfo):
-        name, _, value = line.partition(":")
-        fields.setdefault(name.strip(), value.strip())
+    for key, value in _cpuinfo_pairs(cpuinfo):
+        fields.setdefault(key, value)  # the first processor's
     try:
         family, model = int(fields["cpu family"]), int(fields["model"])
     except (KeyError, ValueError):
