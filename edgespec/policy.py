@@ -559,8 +559,7 @@ class AutoPolicy:
             # tried right after the chain fell behind was kept on code here, where `tree` makes
             # 0.95-1.00x and `chain` 1.14-1.18x (in one process, 3 repeats, code: 1.078 ->
             # 1.085x, no tree round left).
-            for other in self.arms:
-                other.since_try = 0
+            self._postpone_probes()
             best = None
         # The n-gram's free proposal against what the round would otherwise make.
         rival = best.rate if best is not None else plain
@@ -575,8 +574,13 @@ class AutoPolicy:
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
         sure = self.sure_steps >= SURE_STEPS and (self.target_sure.value or 0.0) >= SURE_TEXT
+        # The first arm is tried at once: nothing is known of the draft on a new device. The
+        # others wait for sure text once one has been tried: in a bench on a Zen 4 here the
+        # chain's try was dropped at the end of the warm-up and the tree's went at once on the
+        # first prompt, before its text had shown anything (`tree` made 0.67-0.76x plain there,
+        # less than `chain` on every class on both CPUs measured).
         untried = [a for a in self.arms if not a.tried]
-        if untried:
+        if untried and (sure or len(untried) == len(self.arms)):
             return untried[0].start_try(sure)
         if best is not None:
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
@@ -630,5 +634,15 @@ class AutoPolicy:
             # What the draft failed to predict, the other arms draft from too: their probes
             # wait their turn again (a chain's probe leaves the draft caught up, which made a
             # tree's probe look cheap right after it; both lost on chat here).
-            for other in self.arms:
-                other.since_try = 0
+            self._postpone_probes()
+
+    def _postpone_probes(self) -> None:
+        """A model arm lost: every arm's probe waits its turn again, and one never tried waits
+        like one that lost: the text the draft just failed on is its text too. Tried at once,
+        it lost as well: on a fresh device (a Zen 4 here) the bench's third code prompt had a
+        chain try, then a tree try (34 and 28 rounds), and made 0.76x plain."""
+        for arm in self.arms:
+            arm.since_try = 0
+            if not arm.tried:
+                arm.tried = True
+                arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)
