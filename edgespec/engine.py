@@ -67,7 +67,15 @@ from .tree import (
 )
 
 MODES = ("target", "chain", "tree", "ngram", "auto")
-MAX_AUTO_DRAFT = 16  # longest proposal auto mode considers (and chain mode, by default)
+MAX_AUTO_DRAFT = 16  # longest model chain auto mode considers (and chain mode, by default)
+# Longest n-gram proposal auto and ngram modes consider. Copies run long in edits, and a pass of
+# 32 costs less per token than one of 16 (on a Zen 4 here 13.0 steps against 8.5; on a Zen 5 9.3
+# against 5.3). Replayed on the bench's outputs (scripts/ngram_replay.py) with the Zen 4 curve,
+# 32 against 16 made rename 1.51 -> 1.75x, quote-dates 1.71 -> 2.04x, add-type-hints 1.31 ->
+# 1.33x and the held-out edits 1.64-1.83 -> 1.88-2.23x; with the Zen 5 curve rename 2.11 ->
+# 2.20x and the held-out edits 2.50-2.74 -> 2.50-3.00x; no prompt lower on either (given
+# ngram.FAR_POSITION: without it, edits whose copies break every line lost 1-4 %).
+MAX_NGRAM_DRAFT = 32
 # The pipeline drafts on past a chain under verification at most this far, and only while the
 # tokens stay this likely to be used: the draft shares the memory bus with the target. Drafting
 # on regardless made 0.88-0.98 of this on a 1+1 core split here; 0.3 won on chat, lost on code.
@@ -712,8 +720,8 @@ class Engine:
         return decided
 
     def _priced_proposal(self, run: _Run, room: int) -> tuple[Proposal, int, float | None]:
-        """The n-gram drafter's proposal (up to MAX_AUTO_DRAFT), and `_ngram_length` of it."""
-        limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
+        """The n-gram drafter's proposal (up to MAX_NGRAM_DRAFT), and `_ngram_length` of it."""
+        limit = min(MAX_NGRAM_DRAFT, room, self._tokens_left(run) - 1)
         proposal = run.ngram.propose(run.tokens, max(limit, 0))
         run.ngram.watch(proposal, len(run.tokens))  # learn what it was worth, verified or not
         return proposal, *self._ngram_length(run, proposal)

@@ -6,8 +6,8 @@ instead of rescanning it. An n-gram is indexed only once a token follows it, so 
 continuation and the history's own suffix never matches itself.
 
 Acceptance is learned online per match length and per position in the proposal (the first three
-apart, the rest together), so the engine can price a proposal (`acceptances`) against the
-measured cost of verifying it.
+apart, the rest up to the sixteenth together, the rest together), so the engine can price a
+proposal (`acceptances`) against the measured cost of verifying it.
 
 Edits copy their source in order: after the target wrote something of its own (a docstring, a
 type hint), the copy resumes where it broke, while the most recent match of a short suffix like
@@ -38,6 +38,10 @@ MEMORY = 200.0
 # tokens where they yielded 11.8 (bench outputs replayed: rename 1.42 -> 1.67x, quote-dates
 # 1.59 -> 1.82x, no prompt lower).
 TRACKED_POSITIONS = 4
+# Positions from this one on, which only proposals longer than 16 reach, have an estimate of
+# their own: a copy that breaks every line or so (type hints added) must not price them as the
+# copies of a rename or a quote do.
+FAR_POSITION = 16
 MAX_WATCHED = 16  # proposals waiting for the tokens that judge them
 MAX_REPLACEMENT = 8  # longest replacement of one source token that is learnt
 RESUME = 2  # source tokens that must follow a replacement for it to count as one
@@ -100,7 +104,7 @@ class NgramDrafter:
         self._stats = {
             (n, streak): [
                 [PRIOR_STRENGTH * p, PRIOR_STRENGTH * (1.0 - p)]
-                for p in [prior_first(n)] + [prior_next(n)] * (TRACKED_POSITIONS - 1)
+                for p in [prior_first(n)] + [prior_next(n)] * TRACKED_POSITIONS
             ]
             for n in range(min_ngram, max_ngram + 1)
             for streak in (False, True)
@@ -137,7 +141,7 @@ class NgramDrafter:
             decided = min(len(tokens) - w.start, len(proposal.tokens))
             while not w.missed and w.judged < decided:
                 w.missed = int(tokens[w.start + w.judged]) != proposal.tokens[w.judged]
-                _count(stats[min(w.judged, TRACKED_POSITIONS - 1)], accepted=not w.missed)
+                _count(stats[_bucket(w.judged)], accepted=not w.missed)
                 if w.missed:
                     self._copy_broke(tokens, proposal, w.judged, w.start + w.judged)
                 elif not proposal.replaced[w.judged]:
@@ -267,7 +271,7 @@ class NgramDrafter:
 
     def acceptance(self, ngram: int, position: int, streak: bool = False) -> float:
         """P(token `position` is accepted | all before it were), for a match of length ngram."""
-        counts = self._position_stats(ngram, streak)[min(position, TRACKED_POSITIONS - 1)]
+        counts = self._position_stats(ngram, streak)[_bucket(position)]
         return counts[0] / (counts[0] + counts[1])
 
     def confidence(self, ngram: int, streak: bool = False) -> float:
@@ -276,8 +280,10 @@ class NgramDrafter:
 
     def acceptances(self, ngram: int, length: int, streak: bool = False) -> list[float]:
         """acceptance() at positions 0..length-1 (what policy.best_proposal_length prices)."""
-        probs = [c[0] / (c[0] + c[1]) for c in self._position_stats(ngram, streak)[:length]]
-        return probs + probs[-1:] * (length - len(probs))  # the tail shares the last estimate
+        probs = [c[0] / (c[0] + c[1]) for c in self._position_stats(ngram, streak)]
+        near = probs[: TRACKED_POSITIONS - 1]
+        near += probs[TRACKED_POSITIONS - 1 : TRACKED_POSITIONS] * (FAR_POSITION - len(near))
+        return (near + probs[-1:] * (length - FAR_POSITION))[:length]
 
     def record(self, ngram: int, proposed: int, accepted: int, streak: bool = False) -> None:
         """Learn from a verified proposal whose first `accepted` of `proposed` tokens were kept."""
@@ -287,7 +293,7 @@ class NgramDrafter:
         stats = self._position_stats(ngram, streak)
         # Positions after the first rejection were never judged on their own: no evidence there.
         for position in range(min(accepted + 1, proposed)):
-            _count(stats[min(position, TRACKED_POSITIONS - 1)], accepted=position < accepted)
+            _count(stats[_bucket(position)], accepted=position < accepted)
 
 
 @dataclass
@@ -303,6 +309,13 @@ class _Watched:
     start: int  # the position of its first token
     judged: int = 0  # its tokens judged so far
     missed: bool = False  # the last judged one was wrong: nothing after it is judged
+
+
+def _bucket(position: int) -> int:
+    """Which estimate a position in a proposal shares (TRACKED_POSITIONS, FAR_POSITION)."""
+    if position >= FAR_POSITION:
+        return TRACKED_POSITIONS
+    return min(position, TRACKED_POSITIONS - 1)
 
 
 def _count(counts: list[float], accepted: bool) -> None:

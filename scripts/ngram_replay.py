@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.engine import MAX_AUTO_DRAFT
+from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.ngram import NgramDrafter
 from edgespec.policy import MARGIN, Costs, best_proposal_length
 
@@ -46,7 +46,7 @@ def replay(
     position += 1
     while position < end:
         # as in the engine: no proposal past the last token to generate
-        proposal = drafter.propose(tokens[:position], min(MAX_AUTO_DRAFT, end - position - 1))
+        proposal = drafter.propose(tokens[:position], min(MAX_NGRAM_DRAFT, end - position - 1))
         right = 0
         while right < len(proposal.tokens) and proposal.tokens[right] == tokens[position + right]:
             right += 1

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from edgespec.backend import Context, Model
 from edgespec.cli.profile_cmd import profile
 from edgespec.cores import format_cpu_list
+from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
 from edgespec.policy import PassCosts
 from edgespec.profile import (
@@ -64,8 +65,8 @@ def a_profile(model: Path, **changes: object) -> DeviceProfile:
         model_size=model.stat().st_size,
         n_threads=2,
         cpus="0-1",
-        ks=[1, 2, 4, 8],
-        seconds=[0.010, 0.016, 0.020, 0.040],
+        ks=[1, 2, 4, 8, 32],
+        seconds=[0.010, 0.016, 0.020, 0.040, 0.130],
         measured_at="2025-01-01T00:00:00+00:00",
     )
     fields.update(changes)
@@ -123,7 +124,7 @@ def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
 
 
 def test_relative_is_exact_at_measured_ks_and_linear_between(model_file):
-    p = a_profile(model_file)  # T = 10, 16, 20, 40 ms at k = 1, 2, 4, 8
+    p = a_profile(model_file)  # T = 10, 16, 20, 40, 130 ms at k = 1, 2, 4, 8, 32
     assert p.step_s == 0.010
     assert [p.relative(k) for k in (1, 2, 4, 8)] == pytest.approx([1.0, 1.6, 2.0, 4.0])
     assert p.relative(3) == pytest.approx(1.8)
@@ -176,6 +177,16 @@ def test_a_profile_measured_the_old_way_is_measured_again(home, model_file):
     del data["method"]
     path.write_text(json.dumps(data))
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+
+
+def test_a_profile_that_stops_short_of_the_longest_proposal_is_measured_again(home, model_file):
+    """Beyond its last k a curve grows in proportion to k: one that stops at 16 (the quick
+    profiles before 2026-11-25) would never let an n-gram proposal of 17 to 32 look worth it."""
+    seconds = [0.010, 0.016, 0.020, 0.040, 0.050]
+    stops_at_16 = a_profile(model_file, ks=[1, 2, 4, 8, 16], seconds=seconds)
+    save_profile(stops_at_16)
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+    assert QUICK_KS[-1] == MAX_NGRAM_DRAFT  # what a first use measures reaches it
 
 
 def test_no_profile_for_a_missing_model_file(home, tmp_path):
@@ -330,9 +341,11 @@ def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     cpus = sorted(os.sched_getaffinity(0))
     assert (overlap["target_cpus"], overlap["draft_cpus"]) == (cpus[:-1], cpus[-1:])
     assert overlap["target_alone_s"] > 0 and overlap["draft_alone_s"] > 0
-    # Two things at once take at least as long as the longer of them alone (a little slack for
-    # timer noise), and the verdict is the ratio of the measured times.
-    assert overlap["pipelined_s"] >= 0.9 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
+    # Two things at once take at least as long as the longer of them alone (slack for a shared
+    # VM's noise: here a median of the target alone once came out 53 ms where it was 45-47 ms in
+    # ten runs around it, and the pipelined round 46 ms), and the verdict is the ratio of the
+    # measured times.
+    assert overlap["pipelined_s"] >= 0.8 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
     assert overlap["speedup"] == pytest.approx(overlap["serial_s"] / overlap["pipelined_s"])
     # remembered: `run` with the same CPUs pipelines its chains by default where it paid
     share = [format_cpu_list(c) for c in (cpus[:-1], cpus[-1:])]
