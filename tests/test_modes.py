@@ -650,3 +650,33 @@ def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     spec = check_greedy(plain_engine, engine, PROMPTS[0], "auto", n=40)
     assert spec.stats.draft_evals == 0 and set(spec.stats.choices) <= {"plain", "ngram"}
     assert engine.draft_ctx.decode_s == draft_time  # not even the prompt was evaluated by it
+
+
+def test_a_long_copy_is_verified_in_proposals_longer_than_16_and_equals_plain(
+    smol_path, plain_engine, monkeypatch
+):
+    """A pass of 32 costs less a token than one of 16 on CPUs here (a Zen 4: 13.0 against 8.5
+    steps), so n-gram proposals reach 32 tokens where the copy runs on."""
+    import edgespec
+    from edgespec.engine import Engine
+
+    from .conftest import N_CTX
+
+    source = "".join(f"def f{i}(a, b):\n    return a * {i} + b - {i}\n\n\n" for i in range(8))
+    engine = edgespec.load(smol_path, n_ctx=N_CTX)
+    flat_device(engine, draft_cost=0.2)
+    # The text twice, and the start of a third copy: SmolLM copies on (asked in a chat to repeat
+    # code, it writes calls of the functions instead).
+    prompt = engine.prompt_tokens(source + source + "def f0", chat_mode=False)
+    lengths: list[int] = []
+    verify_chain = Engine._verify_chain
+
+    def recording(self, run, proposed, *args, **kwargs):
+        lengths.append(len(proposed))
+        return verify_chain(self, run, proposed, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "_verify_chain", recording)
+    plain = plain_engine.generate(prompt, max_tokens=120, mode="target")
+    copied = engine.generate(prompt, max_tokens=120, mode="ngram")
+    assert_same_or_near_tie(plain_engine, prompt, plain.tokens, copied.tokens)
+    assert max(lengths) > 16
