@@ -208,7 +208,7 @@ class _Run:
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     # What passes and draft steps cost here, measured while generating (speculative modes).
-    costs: Costs = field(default_factory=lambda: Costs(_default_curve))
+    costs: Costs = field(default_factory=lambda: Costs(_default_curve, DEFAULT_SIZES))
     policy: AutoPolicy | None = None  # mode "auto"
     drafters: ModelOrNgram = field(default_factory=ModelOrNgram)  # chain and tree modes
     # How often the target agrees with the draft's argmax, by the draft's probability of it:
@@ -231,6 +231,9 @@ class _Ahead:
     at: int  # they continue the first `at` committed tokens
     tokens: list[int]
     confidences: list[float]
+
+
+DEFAULT_SIZES = tuple(sorted(DEFAULT_RELATIVE))
 
 
 def _default_curve(k: int) -> float:
@@ -321,6 +324,8 @@ class Engine:
         self.relative_cost: Callable[[int], float] = (
             self.profile.relative if self.profile else _default_curve
         )
+        # where the curve was measured (policy.Costs.sizes)
+        self.pass_sizes = tuple(self.profile.ks) if self.profile else DEFAULT_SIZES
         # What auto mode's generations measured of the target's passes here, kept up to date.
         self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
         self._pass_costs = load_pass_costs(*self._passes_key, self.profile)
@@ -379,6 +384,7 @@ class Engine:
                 if measured_now:  # passes learnt before are older than this curve
                     self._pass_costs = PassCosts()
                 self.profile, self.relative_cost = measured, measured.relative
+                self.pass_sizes = tuple(measured.ks)
             else:
                 self.draft_profile = measured
         # Profiles from different hours do not tell what a draft step costs in target steps:
@@ -515,7 +521,7 @@ class Engine:
         run.rng = run.sampling.make_rng()
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
-        run.costs = Costs(self.relative_cost)
+        run.costs = Costs(self.relative_cost, self.pass_sizes)
         run.costs.start_from(self._pass_costs)
         if cfg.mode == "auto":
             run.policy = AutoPolicy(

@@ -9,7 +9,7 @@ no clock: the engine feeds measurements in, so the policy is testable with made-
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -141,6 +141,12 @@ class Costs:
     """Seconds of the things a round is made of, measured while generating."""
 
     curve: Callable[[int], float]  # T(k)/T(1) of the target on this device (its profile)
+    # The pass sizes the curve was measured at, ascending (the profile's ks); empty: the curve
+    # holds at every size. A size between them is priced as the next measured one up, not by
+    # interpolation: on a Zen 4 here a pass of 16 tokens costs 8.2 steps and one of 15 costs 10.2
+    # (llama.cpp's kernels work in bands of rows), so the line from 8 to 16 made 15-token
+    # passes look 20 % cheaper than they were, and 16 tokens as cheap always verify more.
+    sizes: tuple[int, ...] = ()
     step_s: Ema = field(default_factory=Ema)  # one plain target step
     draft_s: Ema = field(default_factory=Ema)  # one draft model evaluation
     # Measured passes of k > 1 tokens over what the curve says they cost. A profile is measured
@@ -198,8 +204,13 @@ class Costs:
     def relative(self, k: int) -> float:
         value = self._relative.get(k)
         if value is None:
-            value = self._relative[k] = self.curve(k)
+            value = self._relative[k] = self.curve(self._measured_size(k))
         return value
+
+    def _measured_size(self, k: int) -> int:
+        """The smallest measured pass size of at least k tokens (k past the largest)."""
+        i = bisect_left(self.sizes, k)
+        return self.sizes[i] if i < len(self.sizes) else k
 
     def steps(self, k: int) -> float:
         """A pass of k tokens in plain steps: as measured here if such passes were, else the
@@ -223,7 +234,8 @@ class Costs:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
         if k > 1 and self.step_s.value is not None:
             steps = seconds / self.step_s.value
-            self.batch_factor.update(steps / self.relative(k))
+            if self._measured_size(k) == k:  # elsewhere the curve prices, it did not measure
+                self.batch_factor.update(steps / self.relative(k))
             self.pass_steps.setdefault(k, Ema(weight=PASS_WEIGHT)).update(steps)
             self.pass_seen[k] = min(self.pass_seen.get(k, 0) + 1, MAX_SEEN)
 

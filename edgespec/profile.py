@@ -35,10 +35,14 @@ from .cores import (
 from .errors import BadSettingError
 from .policy import PassCosts
 
-FULL_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+# Every size: auto verifies passes only of sizes measured here (policy.Costs.sizes), and the
+# curve is not smooth (on a Zen 4 here T(15) 10.2, T(16) 8.2, T(17) 10.2 steps).
+FULL_KS = tuple(range(1, 33))
 # Up to the longest n-gram proposal (engine.MAX_NGRAM_DRAFT): beyond its last point the curve
-# grows in proportion to k, which would never let a proposal longer than 16 look worth it.
-QUICK_KS = (1, 2, 4, 8, 16, 32)
+# grows in proportion to k, which would never let a proposal longer than 16 look worth it. The
+# sizes where batches verify cheaply on CPUs (powers of two), and 3: 2-token proposals are
+# common in prose and cost about what the line from 2 to 4 says.
+QUICK_KS = (1, 2, 3, 4, 8, 16, 32)
 CONTEXT_TOKENS = 256  # a realistic KV length: attention over the prompt is part of every pass
 # Quick: a shorter prefix, because prefilling 256 tokens alone takes ~3 s for a 1.5B model on
 # 2 cores; the pass times barely depend on it at these lengths.
@@ -290,8 +294,8 @@ def load_profile(
         return None
     if profile.method < PROFILE_METHOD:
         return None  # measured the old way: measure again, and the next save replaces it
-    if max(profile.ks) < QUICK_KS[-1]:
-        return None  # stops short of the longest proposal: as above
+    if not set(QUICK_KS) <= set(profile.ks):
+        return None  # measured at fewer sizes than edgespec verifies at now: as above
     return profile
 
 

@@ -33,13 +33,18 @@ class Replay:
 
 
 def replay(
-    prompt: Sequence[int], generated: Sequence[int], curve: Callable[[int], float], oracle: bool
+    prompt: Sequence[int],
+    generated: Sequence[int],
+    curve: Callable[[int], float],
+    oracle: bool,
+    sizes: tuple[int, ...] = (),
 ) -> Replay:
-    """The n-gram path on this text, decided by auto's policy or by the oracle."""
+    """The n-gram path on this text, decided by auto's policy or by the oracle; `sizes`: where
+    the curve was measured (policy.Costs.sizes)."""
     tokens = [*prompt, *generated]
     end, position = len(tokens), len(prompt)
     drafter = NgramDrafter()
-    costs = Costs(curve)
+    costs = Costs(curve, sizes)
     costs.step_s.update(1.0)  # seconds in units of one plain step
     steps = 1.0  # auto's first round is a plain step that measures the step
     passes = Counter([1])
@@ -91,7 +96,13 @@ def main() -> None:
             continue
         tokens = engine.prompt_tokens(prompt.text)
         auto, oracle = (
-            replay(tokens, generated[prompt.name], engine.relative_cost, oracle=is_oracle)
+            replay(
+                tokens,
+                generated[prompt.name],
+                engine.relative_cost,
+                oracle=is_oracle,
+                sizes=engine.pass_sizes,
+            )
             for is_oracle in (False, True)
         )
         sizes = " ".join(f"{k}:{n}" for k, n in sorted(auto.passes.items()))

@@ -32,7 +32,10 @@ def default_curve(k: int) -> float:
 
 def price_passes_with_the_default_curve(engine, monkeypatch) -> None:
     """See default_curve; what earlier tests' passes measured of SmolLM2 goes too."""
+    from edgespec.engine import DEFAULT_SIZES
+
     monkeypatch.setattr(engine, "relative_cost", default_curve)
+    monkeypatch.setattr(engine, "pass_sizes", DEFAULT_SIZES)
     monkeypatch.setattr(engine, "_pass_costs", PassCosts())
 
 
@@ -332,10 +335,11 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     again = edgespec.load(smol_path, n_ctx=1024)
     assert again._pass_costs == learnt
     again.generate(PROMPTS[0], max_tokens=4, mode="auto")
-    started_from = Costs(again.relative_cost)
+    started_from = Costs(again.relative_cost, again.pass_sizes)
     started_from.start_from(learnt)
     assert seen[0] == {k: started_from.steps(k) for k in learnt.steps}
-    assert seen[0] != {k: Costs(again.relative_cost).steps(k) for k in learnt.steps}
+    unlearnt = Costs(again.relative_cost, again.pass_sizes)
+    assert seen[0] != {k: unlearnt.steps(k) for k in learnt.steps}
 
 
 def test_a_profile_measured_on_first_use_supersedes_the_passes_learnt_without_one(
@@ -414,6 +418,7 @@ def flat_device(engine, draft_cost: float) -> None:
         )  # fmt: skip
 
     engine.relative_cost = lambda k: 1 + 0.02 * (k - 1)
+    engine.pass_sizes = ()  # a smooth curve: it holds at every size
     engine.profile, engine.draft_profile = profile(1.0), profile(draft_cost)
     engine._pass_costs = PassCosts()  # nor what earlier generations' passes measured
 
@@ -646,6 +651,7 @@ def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     engine = edgespec.load(smol_path, smol_path, n_ctx=1024)
     flat_device(engine, draft_cost=10.0)  # ten target steps a token: can never pay
     engine.relative_cost = lambda k: float(k)  # and a verification as dear as k steps
+    engine.pass_sizes = ()
     draft_time = engine.draft_ctx.decode_s
     spec = check_greedy(plain_engine, engine, PROMPTS[0], "auto", n=40)
     assert spec.stats.draft_evals == 0 and set(spec.stats.choices) <= {"plain", "ngram"}

@@ -13,8 +13,10 @@ from edgespec.policy import (
     FIRST_PROBE_EVERY,
     KEEP_MARGIN,
     MARGIN,
+    MAX_SEEN,
     MAX_SHARE_TRIES,
     MIN_DRAFT_ROUNDS,
+    PASS_PRIOR,
     PLAIN_EVERY,
     SURE_STEPS,
     SURE_TEXT,
@@ -181,6 +183,62 @@ def test_measured_pass_sizes_change_which_proposal_length_is_best():
         c.record_pass(6, 0.05 * 3.67)
         c.record_pass(4, 0.05 * 2.42)
     assert best_proposal_length(an_edits_copy, c)[0] == 3
+
+
+# A Zen 4 here, measured at every size from 8 to 17: cheap at 16, dear on either side.
+BANDED = {1: 1.0, 2: 1.84, 4: 3.02, 8: 6.65, 12: 8.97, 15: 10.22, 16: 8.24, 17: 10.15, 32: 14.48}
+
+
+def banded(sizes: tuple[int, ...]) -> Costs:
+    """Costs from the BANDED curve as a profile measured at `sizes` would give them."""
+    from edgespec.profile import relative_cost
+
+    curve = {k: BANDED[k] for k in sizes}
+    c = Costs(lambda k: relative_cost(curve, k), sizes)
+    c.step_s.update(0.03)
+    return c
+
+
+def test_a_pass_size_the_profile_did_not_measure_costs_what_the_next_measured_size_costs():
+    """Interpolating from 8 to 16 says a pass of 15 costs 8.0 steps; it costs 10.2 here."""
+    quick = banded((1, 2, 4, 8, 16, 32))
+    assert quick.steps(15) == quick.steps(12) == quick.steps(9) == pytest.approx(8.24)
+    assert quick.steps(17) == pytest.approx(14.48)
+    assert quick.steps(40) == pytest.approx(14.48 * 40 / 32)  # past the last: in proportion
+    assert banded((1, 2, 4, 8, 12, 15, 16, 17, 32)).steps(15) == pytest.approx(10.22)
+
+
+def test_a_copy_is_verified_in_passes_of_measured_sizes():
+    """With a proposal of 31 likely tokens, a curve interpolated from the quick sizes picks a
+    pass of 17 (priced 8.6 steps, 10.2 here); priced by measured sizes it picks 16."""
+    a_copy = [0.97] * 31
+    from edgespec.profile import relative_cost
+
+    quick = {k: BANDED[k] for k in (1, 2, 4, 8, 16, 32)}
+    interpolated = Costs(lambda k: relative_cost(quick, k))
+    interpolated.step_s.update(0.03)
+    measured = banded((1, 2, 4, 8, 16, 32))
+    assert best_proposal_length(a_copy, interpolated)[0] + 1 == 17
+    length = best_proposal_length(a_copy, measured)[0]
+    assert length + 1 == 16
+
+    def real_rate(n: int) -> float:
+        return expected_tokens(a_copy[:n]) / relative_cost(BANDED, n + 1)
+
+    assert real_rate(length) > 1.15 * real_rate(best_proposal_length(a_copy, interpolated)[0])
+
+
+def test_passes_of_sizes_the_profile_did_not_measure_do_not_correct_its_curve():
+    c = banded((1, 2, 4, 8, 16, 32))
+    for _ in range(20):
+        c.record_pass(15, 0.03 * 10.22)  # dearer than the price of 16, as measured here
+    assert c.batch_factor.value is None
+    assert c.steps(16) == pytest.approx(8.24)
+    # its own passes price it, drawn towards the price of 16 as any measured size is
+    own = (MAX_SEEN * 10.22 + PASS_PRIOR * 8.24) / (MAX_SEEN + PASS_PRIOR)
+    assert c.steps(15) == pytest.approx(own)
+    c.record_pass(16, 0.03 * 8.24 * 1.1)
+    assert c.batch_factor.value == pytest.approx(1.1)
 
 
 def test_what_passes_measured_carries_over_to_the_next_generation():

@@ -65,8 +65,8 @@ def a_profile(model: Path, **changes: object) -> DeviceProfile:
         model_size=model.stat().st_size,
         n_threads=2,
         cpus="0-1",
-        ks=[1, 2, 4, 8, 32],
-        seconds=[0.010, 0.016, 0.020, 0.040, 0.130],
+        ks=[1, 2, 3, 4, 8, 16, 32],
+        seconds=[0.010, 0.016, 0.018, 0.020, 0.040, 0.070, 0.130],
         measured_at="2025-01-01T00:00:00+00:00",
     )
     fields.update(changes)
@@ -124,10 +124,9 @@ def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
 
 
 def test_relative_is_exact_at_measured_ks_and_linear_between(model_file):
-    p = a_profile(model_file)  # T = 10, 16, 20, 40, 130 ms at k = 1, 2, 4, 8, 32
+    p = a_profile(model_file)  # T = 10, 16, 18, 20, 40, 70, 130 ms at k = 1, 2, 3, 4, 8, 16, 32
     assert p.step_s == 0.010
-    assert [p.relative(k) for k in (1, 2, 4, 8)] == pytest.approx([1.0, 1.6, 2.0, 4.0])
-    assert p.relative(3) == pytest.approx(1.8)
+    assert [p.relative(k) for k in (1, 2, 3, 4, 8)] == pytest.approx([1.0, 1.6, 1.8, 2.0, 4.0])
     assert p.relative(6) == pytest.approx(3.0)
     assert p.cost(6) == pytest.approx(0.030)
 
@@ -179,14 +178,24 @@ def test_a_profile_measured_the_old_way_is_measured_again(home, model_file):
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
 
 
-def test_a_profile_that_stops_short_of_the_longest_proposal_is_measured_again(home, model_file):
-    """Beyond its last k a curve grows in proportion to k: one that stops at 16 (the quick
-    profiles before 2026-11-25) would never let an n-gram proposal of 17 to 32 look worth it."""
-    seconds = [0.010, 0.016, 0.020, 0.040, 0.050]
-    stops_at_16 = a_profile(model_file, ks=[1, 2, 4, 8, 16], seconds=seconds)
-    save_profile(stops_at_16)
+@pytest.mark.parametrize(
+    "ks",
+    [
+        # Beyond its last k a curve grows in proportion to k: one that stops at 16 (the quick
+        # profiles before 2026-11-25) would never let an n-gram proposal of 17 to 32 look worth it.
+        [1, 2, 4, 8, 16],
+        # Auto verifies at measured sizes only: without 3, never a proposal of 2 (the quick
+        # profiles before 2026-11-25's last change).
+        [1, 2, 4, 8, 16, 32],
+    ],
+)
+def test_a_profile_measured_at_fewer_sizes_than_a_quick_one_is_measured_again(home, model_file, ks):
+    seconds = [0.01 * (1 + 0.5 * (k - 1)) for k in ks]
+    save_profile(a_profile(model_file, ks=ks, seconds=seconds))
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
     assert QUICK_KS[-1] == MAX_NGRAM_DRAFT  # what a first use measures reaches it
+    save_profile(a_profile(model_file, ks=list(QUICK_KS), seconds=[0.01 * k for k in QUICK_KS]))
+    assert load_profile(model_file, n_threads=2, cpus="0-1") is not None
 
 
 def test_no_profile_for_a_missing_model_file(home, tmp_path):
@@ -280,7 +289,7 @@ def test_auto_memory_changes_only_with_what_it_would_decide():
 
 def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_file):
     for bad in (a_profile(model_file, ks=[2, 4], seconds=[0.1, 0.2]),
-                a_profile(model_file, seconds=[0.0, 0.1, 0.2, 0.3])):  # fmt: skip
+                a_profile(model_file, seconds=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])):  # fmt: skip
         save_profile(bad)
         assert load_profile(model_file, n_threads=2, cpus="0-1") is None
 
