@@ -23,6 +23,12 @@ from .backend import Context, Model
 from .cores import PinnedThread, available_cpus
 
 CONTEXT_TOKENS = 64
+# Before each part timed alone, a pause: right after the serial round on all cores, the target's
+# pass alone on its share took a median 50-55 ms in 2 of 8 runs here where it took 45-47 in the
+# others (the all-core threads still busy for a while); with the pause, pipelined over the
+# longer part alone was 1.00-1.01 in 8 runs of 8. Not before the rounds the verdict compares:
+# paused, the serial round took 62-74 ms instead of 50-52, not what back-to-back rounds cost.
+SETTLE_S = 0.05
 
 
 @dataclass
@@ -94,10 +100,17 @@ def measure_overlap(
         drafting.result()
         return time.perf_counter() - t0
 
+    def settled(part: Callable[[int], float]) -> Callable[[], float]:
+        def measure() -> float:
+            time.sleep(SETTLE_S)
+            return part(k)
+
+        return measure
+
     measures: dict[str, Callable[[], float]] = {
         "serial": lambda: draft_all.draft_steps(k) + target_all.target_pass(k),
-        "target_alone": lambda: target_own.target_pass(k),
-        "draft_alone": lambda: draft_own.draft_steps(k),
+        "target_alone": settled(target_own.target_pass),
+        "draft_alone": settled(draft_own.draft_steps),
         "pipelined": pipelined,
     }
     times: dict[str, list[float]] = {name: [] for name in measures}

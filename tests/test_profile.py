@@ -351,11 +351,10 @@ def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     assert (overlap["target_cpus"], overlap["draft_cpus"]) == (cpus[:-1], cpus[-1:])
     assert overlap["target_alone_s"] > 0 and overlap["draft_alone_s"] > 0
     # Two things at once take at least as long as the longer of them alone (slack for a shared
-    # VM's noise: in 10 runs of this profile here pipelined / the longer alone was 0.90-1.07;
-    # in 2 of them the target alone on its one CPU took a median 55 ms where it took 45-47 in
-    # the others, while the pipelined round, the same pass with the draft busy on the other
-    # CPU, took 50-51), and the verdict is the ratio of the measured times.
-    assert overlap["pipelined_s"] >= 0.8 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
+    # VM's noise: pipelined over the longer part alone was 0.97-1.07 in 10 runs here once the
+    # parts alone were timed after a pause, overlap.SETTLE_S; 0.89-1.07 before), and the verdict
+    # is the ratio of the measured times.
+    assert overlap["pipelined_s"] >= 0.9 * max(overlap["target_alone_s"], overlap["draft_alone_s"])
     assert overlap["speedup"] == pytest.approx(overlap["serial_s"] / overlap["pipelined_s"])
     # remembered: `run` with the same CPUs pipelines its chains by default where it paid
     share = [format_cpu_list(c) for c in (cpus[:-1], cpus[-1:])]
