@@ -24,10 +24,11 @@ from .cores import PinnedThread, available_cpus
 
 CONTEXT_TOKENS = 64
 # Before each part timed alone, a pause: right after the serial round on all cores, the target's
-# pass alone on its share took a median 50-55 ms in 2 of 8 runs here where it took 45-47 in the
-# others (the all-core threads still busy for a while); with the pause, pipelined over the
-# longer part alone was 1.00-1.01 in 8 runs of 8. Not before the rounds the verdict compares:
-# paused, the serial round took 62-74 ms instead of 50-52, not what back-to-back rounds cost.
+# pass alone on its share took a median 50-55 ms in 4 of 18 runs here where it took 45-47 in the
+# others (what just ran on all cores still in its way, it seems); so paused, pipelined over the
+# longer part alone was 0.97-1.07 in 10 runs (0.89-1.07 before). Not before the rounds the
+# verdict compares: paused before every measure, the serial round took 62-74 ms instead of
+# 50-52, not what back-to-back rounds cost.
 SETTLE_S = 0.05
 
 
