@@ -41,6 +41,7 @@ from .policy import (
 from .profile import (
     DEFAULT_RELATIVE,
     AutoMemory,
+    DeviceProfile,
     alternating_steps,
     load_auto_memory,
     load_pass_costs,
@@ -298,8 +299,8 @@ class Engine:
         self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates
         self._target_mask = np.empty(target.n_vocab, dtype=bool)
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
-        self.profile = load_profile(
-            target.path, threads, format_cpu_list(self.placement.target_cpus)
+        self._price_passes_by(
+            load_profile(target.path, threads, format_cpu_list(self.placement.target_cpus))
         )
         # The draft's step time, if `edgespec profile` measured it: auto mode can then tell
         # whether drafting can pay here before trying it.
@@ -321,11 +322,6 @@ class Engine:
             for name in (("chain", "tree") if draft else ())
         ]
         self.ceiling_share = CeilingShare(self._memory.share_total, self._memory.share_tries)
-        self.relative_cost: Callable[[int], float] = (
-            self.profile.relative if self.profile else _default_curve
-        )
-        # where the curve was measured (policy.Costs.sizes)
-        self.pass_sizes = tuple(self.profile.ks) if self.profile else DEFAULT_SIZES
         # What auto mode's generations measured of the target's passes here, kept up to date.
         self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
         self._pass_costs = load_pass_costs(*self._passes_key, self.profile)
@@ -383,8 +379,7 @@ class Engine:
             if role == "target":
                 if measured_now:  # passes learnt before are older than this curve
                     self._pass_costs = PassCosts()
-                self.profile, self.relative_cost = measured, measured.relative
-                self.pass_sizes = tuple(measured.ks)
+                self._price_passes_by(measured)
             else:
                 self.draft_profile = measured
         # Profiles from different hours do not tell what a draft step costs in target steps:
@@ -392,6 +387,13 @@ class Engine:
         unknown = measured_now or self._memory.draft_cost is None
         if self.draft_ctx is not None and unknown and not self._profiles_together():
             self._time_draft_cost()
+
+    def _price_passes_by(self, profile: DeviceProfile | None) -> None:
+        """The target's profile, and what auto prices its passes with: the profile's curve at
+        the sizes it measured (policy.Costs.sizes), else the default curve."""
+        self.profile = profile
+        self.relative_cost: Callable[[int], float] = profile.relative if profile else _default_curve
+        self.pass_sizes = tuple(profile.ks) if profile else DEFAULT_SIZES
 
     def _profiles_together(self) -> bool:
         """Whether the two models' profiles were measured together, under the same load. Here a

@@ -702,3 +702,37 @@ def test_a_long_copy_is_verified_in_proposals_longer_than_16_and_equals_plain(
     copied = engine.generate(prompt, max_tokens=120, mode="ngram")
     assert_same_or_near_tie(plain_engine, prompt, plain.tokens, copied.tokens)
     assert max(lengths) > 16
+
+
+def test_auto_verifies_n_gram_proposals_at_the_sizes_its_profile_measured(
+    smol_path, plain_engine, monkeypatch, tmp_path
+):
+    """On the real SmolLM: auto prices passes with the profile measured on first use, at its
+    sizes; a pass of another size is verified only where the whole proposal is shorter than
+    the next measured size (never in place of that size), and the text stays plain's."""
+    import edgespec
+    from edgespec.engine import Engine
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, n_ctx=1024)
+    engine.profile_if_missing()  # as `run` does: a quick profile, on first use
+    sizes_seen, choices = [], []
+    ngram_length = Engine._ngram_length
+
+    def recording(self, run, proposal):
+        sizes_seen.append(run.costs.sizes)
+        length, rate = ngram_length(self, run, proposal)
+        choices.append((len(proposal.tokens), length))
+        return length, rate
+
+    monkeypatch.setattr(Engine, "_ngram_length", recording)
+    prompt = engine.prompt_tokens(COPY_PROMPT)
+    plain = plain_engine.generate(prompt, max_tokens=80, mode="target")
+    spec = engine.generate(prompt, max_tokens=80, mode="auto")
+    assert_same_or_near_tie(plain_engine, prompt, plain.tokens, spec.tokens)
+    sizes = tuple(engine.profile.ks)
+    assert set(sizes_seen) == {sizes} and sizes == tuple(engine.pass_sizes)
+    verified = [(proposed, length) for proposed, length in choices if length]
+    assert verified, "no n-gram pass: the test would say little"
+    for proposed, length in verified:
+        assert length + 1 in sizes or length + 1 > sizes[-1] or length == proposed
