@@ -1,0 +1,161 @@
+"""The best speed-up any policy could reach on this device with these drafters (an oracle).
+
+    .venv/bin/python scripts/ceiling.py bench.json [--prompts FILE] [--draft-cost C]
+
+For each prompt of a greedy `edgespec bench --json` run, on the target's own tokens: at every
+position, how many of the next tokens (a) the n-gram drafter's proposal there has right (the
+proposal it makes when every round is a plain step) and (b) the draft model has right (its argmax
+teacher-forced on the target's tokens). A dynamic programme then finds the cheapest way through
+the text in plain target steps, where each round is a plain step, a verified n-gram proposal or a
+model chain, each of whatever length is cheapest: a pass of k tokens is priced by this device's
+stored profile of the target (a size between measured ones as the next measured one up, as auto
+prices it), each drafted token at the draft's step in target steps (timed here, unless given).
+
+A ceiling, not a forecast: the oracle knows how many tokens will be accepted, the draft never
+catches up on text it did not draft, and nothing is timed but the draft's cost. The issue's goals
+were set against such an oracle on another CPU (shared/notes/ceilings.md); this says what they
+can be on this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+MAX_LEN = 32  # longest proposal of either drafter (engine.MAX_NGRAM_DRAFT)
+
+
+def min_steps(
+    n_tokens: int,
+    ngram_right: Sequence[int],
+    draft_right: Sequence[int] | None,
+    pass_steps: Callable[[int], float],
+    draft_cost: float,
+    max_len: int = MAX_LEN,
+) -> float:
+    """The fewest plain target steps that yield `n_tokens` tokens. At position i (tokens already
+    generated) a round is a plain step (1 step, 1 token), or verifies L <= ngram_right[i] n-gram
+    tokens (pass_steps(L + 1), L + 1 tokens: the accepted ones and the target's own), or drafts
+    and verifies L <= draft_right[i] model tokens (L * draft_cost more). No round yields past
+    the end: the last token is the target's own in any case."""
+    best = [0.0] * (n_tokens + 1)
+    for i in range(n_tokens - 1, -1, -1):
+        cost = 1.0 + best[i + 1]
+        room = min(max_len, n_tokens - 1 - i)
+        for length in range(1, min(ngram_right[i], room) + 1):
+            cost = min(cost, pass_steps(length + 1) + best[i + length + 1])
+        if draft_right is not None:
+            for length in range(1, min(draft_right[i], room) + 1):
+                drafted = length * draft_cost + pass_steps(length + 1)
+                cost = min(cost, drafted + best[i + length + 1])
+        best[i] = cost
+    return best[0]
+
+
+def runs_of_agreement(agrees: Sequence[bool]) -> list[int]:
+    """For each position, how many consecutive positions from it on agree."""
+    runs = [0] * (len(agrees) + 1)
+    for i in range(len(agrees) - 1, -1, -1):
+        runs[i] = runs[i + 1] + 1 if agrees[i] else 0
+    return runs[:-1]
+
+
+def ngram_right(prompt: Sequence[int], generated: Sequence[int]) -> list[int]:
+    """How many tokens of the n-gram drafter's proposal at each generated position are right,
+    the drafter proposing and learning every round as in a run of plain steps."""
+    from edgespec.ngram import NgramDrafter
+
+    tokens = [*prompt, *generated]
+    drafter, right = NgramDrafter(), []
+    for position in range(len(prompt), len(tokens)):
+        proposal = drafter.propose(tokens[:position], min(MAX_LEN, len(tokens) - position - 1))
+        drafter.watch(proposal, position)
+        n = 0
+        while n < len(proposal.tokens) and proposal.tokens[n] == tokens[position + n]:
+            n += 1
+        right.append(n)
+    return right
+
+
+def draft_agrees(engine, prompt: Sequence[int], generated: Sequence[int]) -> list[bool]:
+    """Whether the draft's argmax, teacher-forced on prompt + generated, is each generated token.
+    (A narrowed draft learns every token of the text as it is fed, its first use included: a
+    little more agreement than drafting would see.)"""
+    ctx, head = engine.draft_ctx, engine.draft.head
+    ids = head.ids if head is not None else None
+    tokens = [*prompt, *generated]
+    engine.forget_draft_cache()
+    predicted: list[int] = []  # the draft's argmax after tokens[:p + 1], for every p
+    for start in range(0, len(tokens) - 1, ctx.n_batch):
+        chunk = tokens[start : min(start + ctx.n_batch, len(tokens) - 1)]
+        rows = ctx.decode(chunk, start, logits="all").argmax(axis=1).tolist()
+        predicted.extend(rows if ids is None else [ids[r] for r in rows])
+    engine.forget_draft_cache()
+    return [predicted[p - 1] == tokens[p] for p in range(len(prompt), len(tokens))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_json", type=Path)
+    parser.add_argument("--prompts", type=Path, default=None, help="the run's prompt file")
+    parser.add_argument(
+        "--draft-cost", type=float, default=None, help="a draft step in target steps"
+    )
+    args = parser.parse_args()
+
+    import edgespec
+    from edgespec.bench import load_prompts
+    from edgespec.policy import Costs
+    from edgespec.profile import alternating_steps
+
+    run = json.loads(args.bench_json.read_text("utf-8"))
+    settings = run["settings"]
+    if not settings.get("greedy", True):
+        parser.error(f"{args.bench_json} is a sampling run (--temp): give a greedy one")
+    draft = (settings.get("draft") or {}).get("path")
+    engine = edgespec.load(settings["target"]["path"], draft, n_ctx=settings["n_ctx"])
+    engine.profile_if_missing(print)
+    prices = Costs(engine.relative_cost, engine.pass_sizes)
+    draft_cost = args.draft_cost
+    if draft_cost is None and engine.draft_ctx is not None:
+        target_s, draft_s = alternating_steps([engine.target_ctx, engine.draft_ctx])
+        draft_cost = draft_s / target_s
+    sizes = ", ".join(f"{k}: {prices.relative(k):.2f}" for k in (2, 3, 4, 8, 16, 32))
+    print(f"T(k)/T(1) {sizes}; a draft step {draft_cost or 0:.2f} target steps")
+
+    generated = {row["prompt"]: row["tokens"] for row in run["rows"] if row["mode"] == "target"}
+    columns = ["n-gram", "model", "both"] if engine.draft_ctx is not None else ["n-gram"]
+    by_class: dict[str, list[list[float]]] = {}
+    print(f"{'prompt':28} {'class':8} " + " ".join(f"{c:>7}" for c in columns) + "  draft agrees")
+    for prompt in load_prompts(args.prompts):
+        if prompt.name not in generated:
+            continue
+        prompt_tokens, tokens = engine.prompt_tokens(prompt.text), generated[prompt.name]
+        ngram = ngram_right(prompt_tokens, tokens)
+        no_ngram = [0] * len(tokens)
+        ratios = [len(tokens) / min_steps(len(tokens), ngram, None, prices.relative, 0.0)]
+        agreement = ""
+        if engine.draft_ctx is not None:
+            agrees = draft_agrees(engine, prompt_tokens, tokens)
+            model = runs_of_agreement(agrees)
+            for right in (no_ngram, ngram):
+                steps = min_steps(len(tokens), right, model, prices.relative, draft_cost)
+                ratios.append(len(tokens) / steps)
+            agreement = f"{np.mean(agrees):.0%}"
+        cells = " ".join(f"{r:7.2f}" for r in ratios)
+        print(f"{prompt.name:28} {prompt.class_name:8} {cells}  {agreement}")
+        by_class.setdefault(prompt.class_name, []).append(ratios)
+    for class_name, rows in by_class.items():
+        medians = " ".join(
+            f"{statistics.median(r[i] for r in rows):7.2f}" for i in range(len(columns))
+        )
+        print(f"{'median':28} {class_name:8} {medians}")
+
+
+if __name__ == "__main__":
+    main()

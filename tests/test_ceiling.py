@@ -1,0 +1,86 @@
+"""scripts/ceiling.py: the oracle that says how fast any policy could be with these drafters."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from .test_generation import PROMPTS
+
+_spec = importlib.util.spec_from_file_location(
+    "ceiling", Path(__file__).parent.parent / "scripts" / "ceiling.py"
+)
+assert _spec is not None and _spec.loader is not None
+ceiling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ceiling)
+
+
+def flat(_k: int) -> float:
+    """A pass of any size costs one step (no CPU is like this: it makes the arithmetic plain)."""
+    return 1.0
+
+
+def linear(k: int) -> float:
+    """Every verified token costs a full step: nothing can pay."""
+    return float(k)
+
+
+def test_without_proposals_the_ceiling_is_plain_decoding():
+    assert ceiling.min_steps(10, [0] * 10, None, flat, 0.0) == 10
+
+
+def test_right_proposals_on_a_flat_curve_verify_as_much_as_they_may_at_once():
+    # 100 tokens in passes of 33 (32 proposed + the target's own): 100 = 33 + 33 + 33 + 1
+    assert ceiling.min_steps(100, [100] * 100, None, flat, 0.0) == 4
+
+
+def test_no_round_yields_past_the_end():
+    # 3 tokens: one pass of 2 proposed tokens and the target's own, not of 3 proposed
+    assert ceiling.min_steps(3, [3, 2, 1], None, flat, 0.0) == 1
+
+
+def test_where_a_verified_token_costs_a_step_speculation_never_pays():
+    assert ceiling.min_steps(20, [20] * 20, [20] * 20, linear, 0.0) == 20
+
+
+def test_a_model_chain_pays_only_if_its_drafting_and_pass_cost_less_than_the_steps_it_saves():
+    def half_a_step_a_token(k: int) -> float:
+        return 0.5 * (k + 1)
+
+    # A chain of L tokens costs L * c + (L + 2) / 2 steps for L + 1 tokens.
+    dear = ceiling.min_steps(12, [0] * 12, [12] * 12, half_a_step_a_token, 0.6)
+    cheap = ceiling.min_steps(12, [0] * 12, [12] * 12, half_a_step_a_token, 0.3)
+    assert dear == 12  # 1.1 L + 1 > L + 1: plain steps
+    assert cheap == pytest.approx(0.3 * 11 + 6.5)  # one chain of 11 and the target's token
+
+
+def test_the_cheaper_drafter_wins_where_both_are_right():
+    # the n-gram costs nothing to draft; the model's chain would cost 0.5 a token more
+    both = ceiling.min_steps(9, [9] * 9, [9] * 9, flat, 0.5)
+    assert both == ceiling.min_steps(9, [9] * 9, None, flat, 0.0) == 1
+
+
+def test_a_run_of_agreement_counts_the_agreeing_positions_from_each_one_on():
+    assert ceiling.runs_of_agreement([True, True, False, True]) == [2, 1, 0, 1]
+    assert ceiling.runs_of_agreement([]) == []
+
+
+def test_the_ngram_proposals_are_judged_against_the_text_that_follows():
+    prompt = [5, 6, 7, 8, 9]
+    generated = [5, 6, 7, 8, 9, 1]  # copies the prompt, then departs from it
+    right = ceiling.ngram_right(prompt, generated)
+    assert len(right) == len(generated)
+    assert right[0] == 0  # "9" ends the prompt: nothing followed it yet
+    assert right[1] == 4  # after "5", the copy of "6 7 8 9": all four right
+    assert right[-1] == 0  # the last token: nothing after it to propose against
+
+
+def test_a_draft_identical_to_the_target_agrees_with_its_greedy_text(self_draft_engine):
+    engine = self_draft_engine
+    prompt = engine.prompt_tokens(PROMPTS[0])
+    text = engine.generate(prompt, mode="target", max_tokens=48).tokens
+    agrees = ceiling.draft_agrees(engine, prompt, text)
+    assert len(agrees) == len(text)
+    # Teacher-forced in one batch, llama.cpp's numerics may part at a near tie, rarely; a
+    # position off by one would agree about as often as the text repeats its own tokens.
+    assert sum(agrees) >= 0.95 * len(text)
