@@ -32,6 +32,7 @@ from .policy import (
     Calibrator,
     CeilingShare,
     Costs,
+    LossBudget,
     ModelOrNgram,
     PassCosts,
     best_proposal_length,
@@ -208,6 +209,7 @@ class _Run:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
+    ngram_budget: LossBudget = field(default_factory=LossBudget)  # what n-gram passes may lose
     # What passes and draft steps cost here, measured while generating (speculative modes).
     costs: Costs = field(default_factory=lambda: Costs(_default_curve, DEFAULT_SIZES))
     policy: AutoPolicy | None = None  # mode "auto"
@@ -720,7 +722,7 @@ class Engine:
             proposal, length, ngram_rate = self._priced_proposal(run, room)
             if length and run.drafters.choose(ngram_rate) == "ngram":
                 run.stats.record_choice("ngram")
-                return self._verify_chain(run, proposal.tokens[:length], from_draft=False)
+                return self._verify_ngram(run, proposal.tokens[:length])
         run.stats.record_choice(run.stats.mode)  # "chain" or "tree"
         t0 = time.perf_counter()
         decided = model_round(proposal)
@@ -736,14 +738,23 @@ class Engine:
 
     def _ngram_length(self, run: _Run, proposal: Proposal) -> tuple[int, float | None]:
         """How much of the n-gram proposal to verify for the best expected rate, and that rate;
-        (0, None) when none of it beats a plain step (or a step's cost is not measured yet)."""
+        (0, None) when none of it beats a plain step (or a step's cost is not measured yet).
+        Only as much as the generation's loss budget allows."""
         if not proposal.tokens or run.costs.step_s.value is None:
             return 0, None
+        allowed = run.ngram_budget.longest(run.costs, len(proposal.tokens))
         length, rate = best_proposal_length(
-            run.ngram.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak),
-            run.costs,
+            run.ngram.acceptances(proposal.ngram, allowed, proposal.streak), run.costs
         )
         return length, (rate if length else None)
+
+    def _verify_ngram(self, run: _Run, proposed: list[int]) -> list[int]:
+        """Verify n-gram tokens (none: a plain step); what the pass gained or lost against plain
+        steps, as priced, is charged to the generation's loss budget."""
+        price = run.costs.steps(len(proposed) + 1)
+        decided = self._verify_chain(run, proposed, from_draft=False)
+        run.ngram_budget.record(len(decided), price)
+        return decided
 
     def _draft_chain(
         self, run: _Run, k: int, keep_going: Callable[[list[float]], bool] | None = None
@@ -1004,7 +1015,7 @@ class Engine:
         if run.cfg.draft_max is None:
             proposal, length, _ = self._priced_proposal(run, room)
             run.stats.record_choice("ngram" if length else "plain")
-            return self._verify_chain(run, proposal.tokens[:length], from_draft=False)
+            return self._verify_ngram(run, proposal.tokens[:length])
         k = min(run.cfg.draft_max, room, self._tokens_left(run) - 1)
         proposal = run.ngram.propose(run.tokens, max(k, 0))
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
@@ -1028,7 +1039,7 @@ class Engine:
         run.stats.record_choice(choice)
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
         if choice == "ngram":
-            decided = self._verify_chain(run, proposal.tokens[:length], from_draft=False)
+            decided = self._verify_ngram(run, proposal.tokens[:length])
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":

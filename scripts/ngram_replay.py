@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.ngram import NgramDrafter
-from edgespec.policy import MARGIN, Costs, best_proposal_length
+from edgespec.policy import MARGIN, Costs, LossBudget, best_proposal_length
 
 
 @dataclass
@@ -43,7 +43,7 @@ def replay(
     the curve was measured (policy.Costs.sizes)."""
     tokens = [*prompt, *generated]
     end, position = len(tokens), len(prompt)
-    drafter = NgramDrafter()
+    drafter, budget = NgramDrafter(), LossBudget()
     costs = Costs(curve, sizes)
     costs.step_s.update(1.0)  # seconds in units of one plain step
     steps = 1.0  # auto's first round is a plain step that measures the step
@@ -57,8 +57,9 @@ def replay(
             right += 1
         length, rate = 0, 0.0
         if proposal.tokens:
+            allowed = budget.longest(costs, len(proposal.tokens))
             length, rate = best_proposal_length(
-                drafter.acceptances(proposal.ngram, len(proposal.tokens), proposal.streak), costs
+                drafter.acceptances(proposal.ngram, allowed, proposal.streak), costs
             )
         drafter.watch(proposal, position)
         if oracle:
@@ -67,6 +68,7 @@ def replay(
             steps += costs.relative(length + 1)
             passes[length + 1] += 1
             position += min(right, length) + 1
+            budget.record(min(right, length) + 1, costs.steps(length + 1))
         else:
             steps += 1.0
             passes[1] += 1

@@ -736,3 +736,41 @@ def test_auto_verifies_n_gram_proposals_at_the_sizes_its_profile_measured(
     assert verified, "no n-gram pass: the test would say little"
     for proposed, length in verified:
         assert length + 1 in sizes or length + 1 > sizes[-1] or length == proposed
+
+
+def test_wrong_n_gram_proposals_lose_no_more_than_the_loss_budget(plain_engine, monkeypatch):
+    """On the real SmolLM, a drafter sure of proposals that are always wrong (the worst case of
+    estimates learnt on other text): auto verifies them only while what their passes lost, as
+    priced, stays within LOSS_ALLOWANCE plain steps, and the text is plain decoding's."""
+    from edgespec.ngram import NgramDrafter, Proposal
+
+    engine = plain_engine
+    price_passes_with_the_default_curve(engine, monkeypatch)
+    wrong = engine.target.tokenize(" xylophone", add_special=False)[0]
+
+    def propose(self, tokens, max_len):
+        n = max(max_len, 0)
+        return Proposal([wrong] * n, 4, 0.999, True, [0] * n, [False] * n)
+
+    monkeypatch.setattr(NgramDrafter, "propose", propose)
+    monkeypatch.setattr(
+        NgramDrafter, "acceptances", lambda self, n, length, s=False: [0.999] * length
+    )
+    charged = []
+    record = policy.LossBudget.record
+
+    def recording(self, tokens, pass_steps):
+        charged.append((tokens, pass_steps))
+        record(self, tokens, pass_steps)
+
+    monkeypatch.setattr(policy.LossBudget, "record", recording)
+    prompt = engine.prompt_tokens(PROMPTS[0])
+    plain = engine.generate(prompt, max_tokens=60, mode="target")
+    charged.clear()
+    spec = engine.generate(prompt, max_tokens=60, mode="auto")
+    assert_same_or_near_tie(plain_engine, prompt, plain.tokens, spec.tokens)
+    passes = [(tokens, steps) for tokens, steps in charged if steps > 1]
+    assert passes, "no n-gram pass was verified: the test would say little"
+    lost = sum(steps - tokens for tokens, steps in charged)
+    assert lost <= policy.LOSS_ALLOWANCE + 1e-9
+    assert lost > policy.LOSS_ALLOWANCE / 2  # the budget, not the estimates, stopped them

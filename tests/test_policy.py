@@ -12,6 +12,7 @@ from edgespec.policy import (
     CEILING_MARGIN,
     FIRST_PROBE_EVERY,
     KEEP_MARGIN,
+    LOSS_ALLOWANCE,
     MARGIN,
     MAX_SEEN,
     MAX_SHARE_TRIES,
@@ -29,6 +30,7 @@ from edgespec.policy import (
     CeilingShare,
     Costs,
     Ema,
+    LossBudget,
     ModelOrNgram,
     PassCosts,
     best_proposal_length,
@@ -255,6 +257,38 @@ def test_what_passes_measured_carries_over_to_the_next_generation():
     assert nxt.steps(8) == pytest.approx(relative(8) * learnt.batch_factor)
     nxt.record_pass_as_step(4, 0.06 * 3.0)  # chain and tree modes: a pass stands for a step
     assert nxt.step_s.value == pytest.approx(0.05 + 0.2 * (0.06 - 0.05))
+
+
+def half_a_step_a_token() -> Costs:
+    """Passes of k tokens cost (k + 1) / 2 plain steps."""
+    c = Costs(lambda k: (k + 1) / 2)
+    c.step_s.update(1.0)
+    return c
+
+
+def test_a_pass_may_verify_only_what_its_worst_case_leaves_within_the_loss_budget():
+    c, budget = half_a_step_a_token(), LossBudget(steps=8.0)
+    # n proposed tokens: a pass of n + 1, (n + 2) / 2 steps for the target's own token at worst
+    assert budget.longest(c, 32) == 16  # 18/2 - 1 = 8 <= 8; 19/2 - 1 = 8.5 > 8
+    assert budget.longest(c, 6) == 6  # never more than was proposed
+    budget.record(tokens=1, pass_steps=8.5)  # a pass of 16 that yielded the target's token only
+    assert budget.steps == pytest.approx(0.5)
+    assert budget.longest(c, 32) == 1  # a pass of 2 can lose at most 0.5 more
+    budget.record(tokens=2, pass_steps=1.5)  # it was right: a win widens the budget
+    assert budget.longest(c, 32) == 2
+
+
+def test_passes_within_the_budget_never_lose_more_than_the_allowance_whatever_they_yield():
+    c, rng = half_a_step_a_token(), random.Random(5)
+    budget, surplus = LossBudget(), 0.0  # surplus: tokens yielded less steps spent, all passes
+    for _ in range(2000):
+        proposed = budget.longest(c, rng.randint(0, 32))
+        price = c.steps(proposed + 1)
+        tokens = 1 + rng.choice([0, 0, 0, rng.randint(0, proposed)])  # mostly wrong proposals
+        budget.record(tokens, price)
+        surplus += tokens - price
+        assert surplus >= -LOSS_ALLOWANCE - 1e-9
+    assert budget.steps == pytest.approx(LOSS_ALLOWANCE + surplus)
 
 
 def test_pass_costs_are_rewritten_only_when_they_moved():
