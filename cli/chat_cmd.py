@@ -183,8 +183,8 @@ class Repl:
         """While a person types the next message, the draft evaluates the turns it did not draft
         (auto decodes chat plainly): caught up inside the next answer, a history of a few hundred
         tokens already cost more than auto lets a try cost, and a code request after chat
-        questions was answered without drafting (README: what drafting then gained). Not for
-        piped input: nobody types there."""
+        questions was answered without drafting (docs/how-it-works.md, "Chat": what drafting then
+        gained). Not for piped input: nobody types there."""
         engine = self.conversation.engine
         if not self.interactive or engine.draft is None:
             return
