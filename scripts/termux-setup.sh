@@ -37,25 +37,9 @@ DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
 # the OS) do not fit comfortably; the 0.5B alone still does.
 SMALL_MEMORY_MIB=3072
 
-say() { printf '==> %s\n' "$*"; }
-done_already() { printf '    already done: %s\n' "$*"; }
-warn() { printf 'warning: %s\n' "$*" >&2; }
-die() {
-	printf 'error: %s\n' "$*" >&2
-	exit 1
-}
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
-
-# Runs a command, or with --dry-run only shows it, quoted so that it can be pasted into a shell.
-run() {
-	if [[ $DRY_RUN == 1 ]]; then
-		printf '    would run:'
-		printf ' %q' "$@"
-		printf '\n'
-	else
-		"$@"
-	fi
-}
+SCRIPTS="$(dirname "${BASH_SOURCE[0]}")"
+# shellcheck source=setup-common.sh
+source "$SCRIPTS/setup-common.sh"
 
 check_termux() {
 	if [[ ${PREFIX:-} == */com.termux/* ]]; then
@@ -97,46 +81,8 @@ install_system_packages() {
 	run pkg install -y "${missing[@]}"
 }
 
-check_python() {
-	if ! command -v python3 >/dev/null; then
-		[[ $DRY_RUN == 1 ]] && return # pkg would have installed it
-		die "python3 is missing although its package was installed; check pkg's output above"
-	fi
-	python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-		die "edgespec needs Python 3.10 or newer; this is $(python3 --version 2>&1)." \
-			"Update Termux's packages (pkg upgrade) and run this script again."
-}
-
-memory_mib() {
-	if [[ -n ${EDGESPEC_MEM_MIB:-} ]]; then
-		echo "$EDGESPEC_MEM_MIB"
-		return
-	fi
-	local key value _
-	while read -r key value _; do
-		[[ $key == MemTotal: ]] && echo $((value / 1024)) && return
-	done </proc/meminfo
-	echo 0
-}
-
 main() {
-	local target="" draft=""
-	while (($#)); do
-		case "$1" in
-		--dry-run) DRY_RUN=1 ;;
-		--target) target="${2:?--target needs a model name}" && shift ;;
-		--draft) draft="${2:?--draft needs a model name}" && shift ;;
-		-h | --help) usage && exit 0 ;;
-		*)
-			printf 'error: unknown option %s\n\n' "$1" >&2
-			usage >&2
-			exit 2
-			;;
-		esac
-		shift
-	done
-	[[ -f $REPO/pyproject.toml ]] || die "no pyproject.toml in $REPO: run this script from an edgespec checkout"
-	[[ $DRY_RUN == 1 ]] && say "dry run: showing the steps, changing nothing"
+	parse_options "$@"
 
 	say "checking for Termux on a 64-bit system"
 	check_termux
@@ -144,88 +90,12 @@ main() {
 
 	say "system packages: ${SYSTEM_PACKAGES[*]}"
 	install_system_packages
-	check_python
+	check_python "Update Termux's packages (pkg upgrade) and run this script again."
 
-	local python="$VENV/bin/python" edgespec="$VENV/bin/edgespec"
-	say "virtual environment: $VENV"
-	if [[ -x $python ]]; then
-		done_already "$VENV exists"
-	else
-		run python3 -m venv --system-site-packages "$VENV"
-		run "$python" -m pip install --quiet --upgrade pip
-	fi
-
-	# The version edgespec pins in pyproject.toml: its low-level API calls are written against it.
-	local llama_version installed=""
-	llama_version="$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$REPO/pyproject.toml" | cut -d= -f3 || true)"
-	[[ -n $llama_version ]] || die "cannot find the llama-cpp-python version in $REPO/pyproject.toml"
-	local cmake_args="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}"
-	say "llama-cpp-python $llama_version, built with CMAKE_ARGS=\"$cmake_args\""
-	if [[ -x $python ]]; then
-		installed="$("$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)"
-	fi
-	if [[ $installed == "$llama_version" ]]; then
-		done_already "llama-cpp-python $installed is installed"
-	else
-		say "this compiles llama.cpp (tens of minutes on a phone; pip is quiet meanwhile)." \
-			"Keep Termux in the foreground or hold a wake lock (termux-wake-lock): Android may pause it."
-		run env CMAKE_ARGS="$cmake_args" "$python" -m pip install "llama-cpp-python==$llama_version"
-	fi
-
-	say "edgespec from $REPO"
-	if [[ -x $python ]] && "$python" -c 'import edgespec, sys; sys.exit(not edgespec.__file__.startswith(sys.argv[1]))' "$REPO/" 2>/dev/null; then
-		done_already "edgespec is installed from this checkout"
-	else
-		run env CMAKE_ARGS="$cmake_args" "$python" -m pip install -e "$REPO"
-	fi
-
-	local memory
-	memory="$(memory_mib)"
-	if [[ -z $target ]]; then
-		if ((memory > 0 && memory < SMALL_MEMORY_MIB)); then
-			say "this device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
-				"fetching the 0.5B alone (plain decoding, no speculation)"
-			target=qwen2.5-coder-0.5b
-		else
-			target=qwen2.5-coder-1.5b
-			draft="${draft:-qwen2.5-coder-0.5b}"
-		fi
-	fi
-	draft="${draft:-none}" # as in `edgespec run`: a chosen target has no draft unless one is named
-	local models=("$target")
-	[[ $draft != none ]] && models+=("$draft")
-
-	say "models: ${models[*]}"
-	local model
-	for model in "${models[@]}"; do
-		if [[ -x $edgespec ]] && "$edgespec" models path "$model" >/dev/null 2>&1; then
-			done_already "$model is fetched"
-		else
-			run "$edgespec" models fetch "$model"
-		fi
-	done
-
-	local pair=(-m "$target")
-	[[ $draft != none ]] && pair+=(--draft "$draft")
-	# With a draft, also whether LLMCad's pipeline pays here (remembered: where it does, run and
-	# chat with the same CPUs use it).
-	local measure=(--quick)
-	[[ $draft != none ]] && measure+=(--overlap)
-	say "a quick profile of this device (how much a verification pass costs here)"
-	if [[ $DRY_RUN == 1 && ! -x $edgespec ]]; then
-		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
-		printf '    (skipped if this edgespec has no profile command)\n'
-	elif "$edgespec" profile --help >/dev/null 2>&1; then
-		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
-	else
-		printf '    skipped: this edgespec has no profile command yet\n'
-	fi
-
-	say "ready. Try:"
-	printf '    %q run' "$edgespec"
-	[[ $target != qwen2.5-coder-1.5b || $draft != qwen2.5-coder-0.5b ]] && printf ' %q' "${pair[@]}"
-	printf ' -n 64 "Write a haiku about small computers."\n'
-	printf '    (or: source %q, then just edgespec ...)\n' "$VENV/bin/activate"
+	# --system-site-packages: Termux's prebuilt numpy (see SYSTEM_PACKAGES)
+	install_edgespec "this compiles llama.cpp (tens of minutes on a phone; pip is quiet meanwhile). Keep Termux in the foreground or hold a wake lock (termux-wake-lock): Android may pause it." \
+		--system-site-packages
+	fetch_and_profile device
 	# A phone shares its memory with Android, which ends apps that take too much of it.
 	printf '    On a phone keep the context small: edgespec run -c 1024 ..., or put\n'
 	printf '    ctx_size = 1024 into the file that "edgespec config path" prints.\n'

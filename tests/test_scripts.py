@@ -17,6 +17,7 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SETUP_SCRIPTS = ("termux-setup.sh", "rpi-setup.sh")
+SETUP_COMMON = "setup-common.sh"  # the steps both share, sourced by each
 ASK = "edgespec-ask.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 
@@ -76,7 +77,7 @@ def sandbox(tmp_path) -> dict[str, str]:
     shutil.which("shellcheck") is None,
     reason="shellcheck is not installed (Debian: apt-get install shellcheck)",
 )
-@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, ASK])
+@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, SETUP_COMMON, ASK])
 def test_each_script_passes_shellcheck(script):
     checked = subprocess.run(
         ["shellcheck", str(SCRIPTS / script)], capture_output=True, text=True, check=False

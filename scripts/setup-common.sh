@@ -1,0 +1,158 @@
+# shellcheck shell=bash
+# The steps scripts/termux-setup.sh and scripts/rpi-setup.sh share, sourced by both. Each of them
+# sets REPO, VENV, DRY_RUN, SYSTEM_PACKAGES, DEFAULT_CMAKE_ARGS and SMALL_MEMORY_MIB and brings
+# its own checks of the device and its own way of installing system packages.
+
+say() { printf '==> %s\n' "$*"; }
+done_already() { printf '    already done: %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() {
+	printf 'error: %s\n' "$*" >&2
+	exit 1
+}
+# The running script's header comment, from its second line to `set -euo`.
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+
+# Runs a command, or with --dry-run only shows it, quoted so that it can be pasted into a shell.
+run() {
+	if [[ $DRY_RUN == 1 ]]; then
+		printf '    would run:'
+		printf ' %q' "$@"
+		printf '\n'
+	else
+		"$@"
+	fi
+}
+
+memory_mib() {
+	if [[ -n ${EDGESPEC_MEM_MIB:-} ]]; then
+		echo "$EDGESPEC_MEM_MIB"
+		return
+	fi
+	local key value _
+	while read -r key value _; do
+		[[ $key == MemTotal: ]] && echo $((value / 1024)) && return
+	done </proc/meminfo
+	echo 0
+}
+
+# Sets TARGET and DRAFT (empty unless given) and DRY_RUN from the command line.
+parse_options() {
+	TARGET="" DRAFT=""
+	while (($#)); do
+		case "$1" in
+		--dry-run) DRY_RUN=1 ;;
+		--target) TARGET="${2:?--target needs a model name}" && shift ;;
+		--draft) DRAFT="${2:?--draft needs a model name}" && shift ;;
+		-h | --help) usage && exit 0 ;;
+		*)
+			printf 'error: unknown option %s\n\n' "$1" >&2
+			usage >&2
+			exit 2
+			;;
+		esac
+		shift
+	done
+	[[ -f $REPO/pyproject.toml ]] || die "no pyproject.toml in $REPO: run this script from an edgespec checkout"
+	[[ $DRY_RUN == 1 ]] && say "dry run: showing the steps, changing nothing"
+	return 0
+}
+
+# check_python HINT: python3 is there and new enough; HINT says how to get a newer one.
+check_python() {
+	if ! command -v python3 >/dev/null; then
+		[[ $DRY_RUN == 1 ]] && return # the package manager would have installed it
+		die "python3 is missing although its package was installed; check the output above"
+	fi
+	python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+		die "edgespec needs Python 3.10 or newer; this is $(python3 --version 2>&1). $1"
+}
+
+# install_edgespec BUILD_NOTICE [VENV_OPTION...]: the virtual environment, llama-cpp-python built
+# for this CPU (BUILD_NOTICE says how long that takes here) and edgespec from this checkout.
+install_edgespec() {
+	local build_notice="$1" python="$VENV/bin/python"
+	shift
+	say "virtual environment: $VENV"
+	if [[ -x $python ]]; then
+		done_already "$VENV exists"
+	else
+		run python3 -m venv "$@" "$VENV"
+		run "$python" -m pip install --quiet --upgrade pip
+	fi
+
+	# The version edgespec pins in pyproject.toml: its low-level API calls are written against it.
+	local llama_version installed=""
+	llama_version="$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$REPO/pyproject.toml" | cut -d= -f3 || true)"
+	[[ -n $llama_version ]] || die "cannot find the llama-cpp-python version in $REPO/pyproject.toml"
+	local cmake_args="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}"
+	say "llama-cpp-python $llama_version, built with CMAKE_ARGS=\"$cmake_args\""
+	if [[ -x $python ]]; then
+		installed="$("$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)"
+	fi
+	if [[ $installed == "$llama_version" ]]; then
+		done_already "llama-cpp-python $installed is installed"
+	else
+		say "$build_notice"
+		run env CMAKE_ARGS="$cmake_args" "$python" -m pip install "llama-cpp-python==$llama_version"
+	fi
+
+	say "edgespec from $REPO"
+	if [[ -x $python ]] && "$python" -c 'import edgespec, sys; sys.exit(not edgespec.__file__.startswith(sys.argv[1]))' "$REPO/" 2>/dev/null; then
+		done_already "edgespec is installed from this checkout"
+	else
+		run env CMAKE_ARGS="$cmake_args" "$python" -m pip install -e "$REPO"
+	fi
+}
+
+# fetch_and_profile DEVICE: the model pair (the 0.5B alone where memory is short; DEVICE names
+# the machine in that message), then a quick profile of this device, then how to start.
+fetch_and_profile() {
+	local device="$1" edgespec="$VENV/bin/edgespec" memory target="$TARGET" draft="$DRAFT"
+	memory="$(memory_mib)"
+	if [[ -z $target ]]; then
+		if ((memory > 0 && memory < SMALL_MEMORY_MIB)); then
+			say "this $device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
+				"fetching the 0.5B alone (plain decoding, no speculation)"
+			target=qwen2.5-coder-0.5b
+		else
+			target=qwen2.5-coder-1.5b
+			draft="${draft:-qwen2.5-coder-0.5b}"
+		fi
+	fi
+	draft="${draft:-none}" # as in `edgespec run`: a chosen target has no draft unless one is named
+	local models=("$target")
+	[[ $draft != none ]] && models+=("$draft")
+
+	say "models: ${models[*]}"
+	local model
+	for model in "${models[@]}"; do
+		if [[ -x $edgespec ]] && "$edgespec" models path "$model" >/dev/null 2>&1; then
+			done_already "$model is fetched"
+		else
+			run "$edgespec" models fetch "$model"
+		fi
+	done
+
+	local pair=(-m "$target")
+	[[ $draft != none ]] && pair+=(--draft "$draft")
+	# With a draft, also whether LLMCad's pipeline pays here (remembered: where it does, run and
+	# chat with the same CPUs use it).
+	local measure=(--quick)
+	[[ $draft != none ]] && measure+=(--overlap)
+	say "a quick profile of this device (how much a verification pass costs here)"
+	if [[ $DRY_RUN == 1 && ! -x $edgespec ]]; then
+		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
+		printf '    (skipped if this edgespec has no profile command)\n'
+	elif "$edgespec" profile --help >/dev/null 2>&1; then
+		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
+	else
+		printf '    skipped: this edgespec has no profile command yet\n'
+	fi
+
+	say "ready. Try:"
+	printf '    %q run' "$edgespec"
+	[[ $target != qwen2.5-coder-1.5b || $draft != qwen2.5-coder-0.5b ]] && printf ' %q' "${pair[@]}"
+	printf ' -n 64 "Write a haiku about small computers."\n'
+	printf '    (or: source %q, then just edgespec ...)\n' "$VENV/bin/activate"
+}
