@@ -56,10 +56,8 @@ check_64_bit() {
 }
 
 install_system_packages() {
-	local missing=() package
-	for package in "${SYSTEM_PACKAGES[@]}"; do
-		dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-	done
+	local missing
+	mapfile -t missing < <(missing_packages)
 	if ((${#missing[@]} == 0)); then
 		done_already "${SYSTEM_PACKAGES[*]} are installed"
 		return

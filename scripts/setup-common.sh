@@ -58,6 +58,14 @@ parse_options() {
 	return 0
 }
 
+# The SYSTEM_PACKAGES that dpkg does not have as installed, one a line.
+missing_packages() {
+	local package
+	for package in "${SYSTEM_PACKAGES[@]}"; do
+		dpkg -s "$package" >/dev/null 2>&1 || printf '%s\n' "$package"
+	done
+}
+
 # check_python HINT: python3 is there and new enough; HINT says how to get a newer one.
 check_python() {
 	if ! command -v python3 >/dev/null; then
