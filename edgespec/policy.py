@@ -169,6 +169,8 @@ class Costs:
     draft_steps: Ema = field(default_factory=Ema)
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
+    # steps(k) until the next pass is recorded: each round prices up to 33 sizes, twice.
+    _steps: dict[int, float] = field(default_factory=dict, repr=False)
 
     def estimate_draft_step(self, seconds: float) -> None:
         """What a draft step should cost, from profiles or an earlier run, until one is timed."""
@@ -214,9 +216,24 @@ class Costs:
 
     def steps(self, k: int) -> float:
         """A pass of k tokens in plain steps: as measured here if such passes were, else the
-        curve, corrected by how far the measured passes were from it."""
+        curve, corrected by how far the measured passes were from it. A size the profile did not
+        measure costs at least what the next measured size up costs, that size's passes included
+        (its own passes, where a whole proposal of its length was verified, may make it dearer):
+        priced by the curve and the global correction alone while the passes of 16 came out
+        dearer, a pass of 15 looked cheaper than one of 16 and was verified in its place."""
         if k <= 1:
             return 1.0
+        value = self._steps.get(k)
+        if value is None:
+            value = self._own_steps(k)
+            size = self._measured_size(k)
+            if size != k:
+                value = max(value, self.steps(size))
+            self._steps[k] = value
+        return value
+
+    def _own_steps(self, k: int) -> float:
+        """A pass of k tokens by its own passes, drawn towards the corrected curve."""
         from_curve = self.relative(k) * (self.batch_factor.value or 1.0)
         measured = self.pass_steps.get(k)
         if measured is None or measured.value is None:
@@ -233,6 +250,7 @@ class Costs:
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
         if k > 1 and self.step_s.value is not None:
+            self._steps.clear()
             steps = seconds / self.step_s.value
             if self._measured_size(k) == k:  # elsewhere the curve prices, it did not measure
                 self.batch_factor.update(steps / self.relative(k))
@@ -252,6 +270,7 @@ class Costs:
 
     def start_from(self, known: PassCosts) -> None:
         """Begin with what earlier generations measured (this generation's passes move it)."""
+        self._steps.clear()
         self.pass_steps = {k: Ema(PASS_WEIGHT, v) for k, v in known.steps.items() if v > 0}
         self.pass_seen = {k: min(max(known.seen.get(k, 1), 1), MAX_SEEN) for k in self.pass_steps}
         if known.batch_factor is not None and known.batch_factor > 0:
@@ -402,14 +421,15 @@ class LossBudget:
     steps: float = LOSS_ALLOWANCE
 
     def longest(self, costs: Costs, proposed: int) -> int:
-        """The most of `proposed` tokens a pass may verify within the budget: passes from 2
-        tokens up while each one's worst case fits (on a saw-shaped curve a dearer size stops
-        the count even where a larger one would be cheaper: safe, and only when little is
-        left). It also shortens the proposal best_proposal_length prices."""
-        n = 0
-        while n < proposed and costs.steps(n + 2) - 1.0 <= self.steps:
-            n += 1
-        return n
+        """The most of `proposed` tokens a pass may verify within the budget: the longest pass
+        whose worst case fits. best_proposal_length, given that many, never takes a shorter
+        pass that does not fit: it would yield fewer tokens for more steps. (Counting up and
+        stopping at the first size that did not fit stopped inside a band of the saw-shaped
+        curve, at a size the profile did not measure.)"""
+        for n in range(proposed, 0, -1):
+            if costs.steps(n + 1) - 1.0 <= self.steps:
+                return n
+        return 0
 
     def record(self, tokens: int, pass_steps: float) -> None:
         """A pass priced at `pass_steps` plain steps yielded `tokens` tokens."""

@@ -243,6 +243,20 @@ def test_passes_of_sizes_the_profile_did_not_measure_do_not_correct_its_curve():
     assert c.batch_factor.value == pytest.approx(1.1)
 
 
+def test_a_size_the_profile_did_not_measure_never_costs_less_than_the_next_measured_size():
+    """Passes of 4 cheaper than the curve pull its global correction down; the passes of 16
+    came out dearer. Priced by the corrected curve alone, a pass of 15 looked cheaper than one of
+    16, and a 27-token copy was verified 15 at a time (a CI run on the real SmolLM)."""
+    c = banded((1, 2, 4, 8, 16, 32))
+    for _ in range(20):
+        c.record_pass(4, 0.03 * 3.02 * 0.8)
+    c.record_pass(16, 0.03 * 8.24)
+    assert c.batch_factor.value < 0.9 and c.steps(16) > 8.24 * c.batch_factor.value
+    for k in range(9, 16):
+        assert c.steps(k) == pytest.approx(c.steps(16))
+    assert best_proposal_length([0.995] * 15, c)[0] + 1 == 16
+
+
 def test_what_passes_measured_carries_over_to_the_next_generation():
     first = costs(step_s=0.03)
     for _ in range(10):
@@ -278,13 +292,38 @@ def test_a_pass_may_verify_only_what_its_worst_case_leaves_within_the_loss_budge
     assert budget.longest(c, 32) == 2
 
 
-def test_passes_within_the_budget_never_lose_more_than_the_allowance_whatever_they_yield():
+def test_the_budget_allows_the_longest_pass_that_fits_past_a_dearer_shorter_one():
+    """Whole proposals of 14 tokens were verified, in passes of 15 dearer than those of 16 (as
+    on the saw-shaped curve here). Counting up from 2 stopped at the dear 15 and left a pass of
+    14, a size no profile measured; the longest pass that fits is 16, and best_proposal_length
+    never takes the dear 15 in its place."""
+    c = banded((1, 2, 4, 8, 16, 32))
+    for _ in range(10):
+        c.record_pass(15, 0.03 * 10.22)
+    budget = LossBudget(steps=8.0)  # 16 fits (8.24 - 1), 15 does not (~9.8 - 1)
+    assert c.steps(16) - 1 <= budget.steps < c.steps(15) - 1
+    allowed = budget.longest(c, 27)
+    assert allowed == 15
+    length = best_proposal_length([0.97] * allowed, c)[0]
+    assert length + 1 == 16 and c.steps(length + 1) - 1 <= budget.steps
+
+
+@pytest.mark.parametrize("curve", ["linear", "saw"])
+def test_passes_within_the_budget_never_lose_more_than_the_allowance_whatever_they_yield(curve):
+    """Whatever the proposals yield, and whichever length best_proposal_length takes within
+    what the budget allows; on the saw-shaped curve, odd sizes were timed dearer than 16."""
     c, rng = half_a_step_a_token(), random.Random(5)
+    if curve == "saw":
+        c = banded((1, 2, 4, 8, 16, 32))
+        for k in (5, 7, 13, 15, 17, 31):
+            c.record_pass(k, 0.03 * BANDED[16] * 1.3)
     budget, surplus = LossBudget(), 0.0  # surplus: tokens yielded less steps spent, all passes
     for _ in range(2000):
-        proposed = budget.longest(c, rng.randint(0, 32))
-        price = c.steps(proposed + 1)
-        tokens = 1 + rng.choice([0, 0, 0, rng.randint(0, proposed)])  # mostly wrong proposals
+        allowed = budget.longest(c, rng.randint(0, 32))
+        estimates = [rng.uniform(0.5, 1.0)] * allowed
+        length = best_proposal_length(estimates, c)[0] if allowed else 0
+        price = c.steps(length + 1)
+        tokens = 1 + rng.choice([0, 0, 0, rng.randint(0, length)])  # mostly wrong proposals
         budget.record(tokens, price)
         surplus += tokens - price
         assert surplus >= -LOSS_ALLOWANCE - 1e-9
