@@ -79,14 +79,22 @@ def resolve_draft(settings: Settings) -> Path | None:
     return choice.path(fetched.parent)
 
 
+def draft_named_or_default(settings: Settings) -> bool:
+    """Whether the settings give a draft (resolve_draft): one named, or the default pair's."""
+    return settings.draft is not None or settings.target is None
+
+
 def read_prompt(prompt: str) -> str:
     if prompt == "-":
         return sys.stdin.read()
     return prompt
 
 
-def load_engine(settings: Settings, verbose: bool, pipeline: bool | None = None):
-    """The engine the settings ask for; the default pair is fetched on first use."""
+def load_engine(
+    settings: Settings, verbose: bool, pipeline: bool | None = None, profile: bool = True
+):
+    """The engine the settings ask for; the default pair is fetched on first use, and with
+    `profile` this device's costs are measured on first use (`profile_if_needed`)."""
     import edgespec
 
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
@@ -104,10 +112,16 @@ def load_engine(settings: Settings, verbose: bool, pipeline: bool | None = None)
         pipeline=pipeline,
         verbose=verbose,
     )
-    # auto plans with this device's costs; chain and tree price their n-gram rounds with them
+    if profile:
+        profile_if_needed(engine, settings)
+    return engine
+
+
+def profile_if_needed(engine, settings: Settings) -> None:
+    """auto plans with this device's costs; chain and tree price their n-gram rounds with them:
+    measured on first use."""
     if settings.mode in (None, "auto", "chain", "tree"):
         engine.profile_if_missing(say=lambda m: err.print(m, style="dim"))
-    return engine
 
 
 def generation_options(settings: Settings, **tree: object) -> dict[str, object]:
@@ -195,10 +209,12 @@ def run(
     )
     from edgespec.engine import GenerationConfig
 
-    # Bad values fail before any model is loaded or measured (the draft is checked after).
-    GenerationConfig(**options).validate(has_draft=True)
-    engine = load_engine(settings, verbose, pipeline)
+    # Bad values fail before any model is loaded or measured.
+    GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
+    engine = load_engine(settings, verbose, pipeline, profile=False)
+    # A prompt longer than the context fails here, before a first use's measuring.
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
+    profile_if_needed(engine, settings)
     try:
         for piece in stream:
             if not as_json:

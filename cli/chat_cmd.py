@@ -69,8 +69,9 @@ def chat(
 ) -> None:
     """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
     from edgespec.conversation import Conversation
+    from edgespec.engine import GenerationConfig
 
-    from .app import load_engine, resolve
+    from .app import draft_named_or_default, generation_options, load_engine, resolve
 
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
@@ -80,6 +81,8 @@ def chat(
     )  # fmt: skip
     settings = resolve(flags)
     template = read_template(chat_template) if chat_template else None
+    # Bad values fail before any model is loaded or measured.
+    GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
     engine = load_engine(settings, verbose, pipeline)
     repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
     repl.run()

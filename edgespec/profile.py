@@ -503,14 +503,18 @@ def alternating_steps(
 
 
 def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:
-    """A first-use profile: the sweet-spot ks only, 3 rounds at most, about QUICK_BUDGET_S."""
+    """A first-use profile: the sweet-spot ks only, 3 rounds at most, about QUICK_BUDGET_S. In a
+    context smaller than its prefix and largest pass (`-c 64`), after a shorter prefix, and
+    without the passes that do not fit at all (such a profile is measured again in a larger
+    context: it lacks quick sizes)."""
+    prefix = max(0, min(QUICK_CONTEXT_TOKENS, ctx.n_ctx - QUICK_KS[-1]))
     return measure_profile(
         ctx,
         n_threads,
         cpus,
-        ks=QUICK_KS,
+        ks=[k for k in QUICK_KS if prefix + k <= ctx.n_ctx],
         repeats=3,
-        context_tokens=QUICK_CONTEXT_TOKENS,
+        context_tokens=prefix,
         budget_s=QUICK_BUDGET_S,
     )
 

@@ -247,7 +247,24 @@ def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
 
 def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "-c", "64", "word " * 200)
-    one_line_error(code, err, "context")
+    one_line_error(code, err, "prompt has", "the context holds 64")
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_a_mode_that_needs_a_draft_says_so_before_loading_anything(
+    capsys, smol_path, monkeypatch, command
+):
+    """A target named without a draft has none (as the default pair has one): chain and tree
+    fail at once, not after a model was loaded and a profile measured."""
+    import edgespec
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(edgespec, "load", no_load)
+    args = ["-m", str(smol_path), "--mode", "chain"] + (["hi"] if command == "run" else [])
+    code, _, err = cli(capsys, command, *args)
+    one_line_error(code, err, "--mode chain needs a draft model")
 
 
 def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(smol_path, monkeypatch):

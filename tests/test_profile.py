@@ -115,6 +115,19 @@ def test_quick_profile_measures_the_sweet_spots_and_labels_the_model(smol_ctx, s
     assert p.n_threads == 2 and p.step_s > 0 and p.relative(1) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(("n_ctx", "ks"), [(64, QUICK_KS), (16, (1, 2, 3, 4, 8, 16))])
+def test_a_quick_profile_fits_a_small_context(home, smol_ctx, smol_path, n_ctx, ks):
+    """`run -c 64` on first use measured a profile its context could not hold (a prefix of 64
+    and a pass of 32) and stopped with the measurement's error. The prefix shrinks to fit; what
+    cannot fit at all is left out, so the next run, in a larger context, measures it again."""
+    small = Context(smol_ctx.model, n_ctx=n_ctx, n_threads=2)
+    p = quick_profile(small, n_threads=2, cpus="0-1")
+    assert p.ks == list(ks)
+    save_profile(p)
+    stored = load_profile(smol_path, n_threads=2, cpus="0-1")
+    assert (stored is not None) == (set(QUICK_KS) <= set(ks))
+
+
 def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
     p = profile_model(smol_path, n_threads=1, cpus="0", quick=True)
     assert p.cpus == "0" and p.n_threads == 1 and p.ks == list(QUICK_KS)
