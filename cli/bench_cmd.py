@@ -77,7 +77,7 @@ def bench(
     decoding ("llama") and its prompt-lookup speculation ("llama-lookup").
     """
     # Imported here: app.py imports this module to register the command.
-    from edgespec.bench import available_modes, load_prompts, run_bench
+    from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench
     from edgespec.config import Settings
     from edgespec.errors import BadSettingError
     from edgespec.sampling import SamplingParams
@@ -85,6 +85,8 @@ def bench(
     from .app import DEFAULT_TARGET, resolve_draft, resolve_model
 
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
+    if modes:  # so does an unknown mode (whether a draft is needed is known once it resolved)
+        checked_modes(_split(modes), has_draft=True)
     selected = load_prompts(prompts, _split(classes) if classes else None)
     if max_tokens is not None:
         if max_tokens < 1:

@@ -183,7 +183,7 @@ def engine_options(mode: str) -> dict[str, Any]:
     return options
 
 
-def _checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
+def checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
     """The modes to run, baseline first, each once; unknown modes and missing drafts raise."""
     for mode in modes:
         if mode in LLAMA_MODES:
@@ -658,7 +658,7 @@ def run_bench(
         raise BadSettingError("no prompts to run")
     SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
-    modes = _checked_modes(modes, has_draft=draft is not None)
+    modes = checked_modes(modes, has_draft=draft is not None)
     threads = threads or default_threads()
     engine = load(target, draft, n_ctx=n_ctx, threads=threads)
     if "auto" in modes:

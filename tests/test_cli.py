@@ -240,6 +240,11 @@ def test_a_bench_at_a_negative_temperature_is_one_clear_line(capsys, smol_path):
     one_line_error(code, err, "--temp")
 
 
+def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsys, smol_path):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,warp")
+    one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
+
+
 def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "  ")
     one_line_error(code, err, "empty")
