@@ -336,11 +336,12 @@ def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
     assert b"Traceback" not in err and b"interrupted" in err
 
 
-def test_the_console_script_is_installed_and_shows_help():
+def test_the_console_script_is_installed_and_shows_help_with_run_and_chat_first():
     exe = Path(sys.executable).parent / "edgespec"
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("run", "models", "inspect", "quantize"):
-        assert command in out
+    listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed[:2] == ["run", "chat"]
+    assert {"bench", "profile", "quantize", "narrow", "inspect", "models", "config"} <= set(listed)
 
 
 def test_seeded_sampling_runs_are_identical_and_another_seed_differs(capsys, smol_path):
