@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +23,9 @@ from .chat_cmd import chat
 from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
+
+if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
+    from edgespec.engine import Engine
 
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click import exceptions as click_exceptions
@@ -89,7 +92,7 @@ def read_prompt(prompt: str) -> str:
 
 def load_engine(
     settings: Settings, verbose: bool, pipeline: bool | None = None, profile: bool = True
-):
+) -> Engine:
     """The engine the settings ask for; the default pair is fetched on first use, and with
     `profile` this device's costs are measured on first use (`profile_if_needed`)."""
     import edgespec
@@ -114,7 +117,7 @@ def load_engine(
     return engine
 
 
-def profile_if_needed(engine, settings: Settings) -> None:
+def profile_if_needed(engine: Engine, settings: Settings) -> None:
     """auto plans with this device's costs; chain and tree price their n-gram rounds with them:
     measured on first use."""
     if settings.mode in (None, "auto", "chain", "tree"):
