@@ -84,18 +84,33 @@ def test_ngram_drafts_copy_heavy_text_well(plain_engine, draft_max):
     assert result.stats.target_passes < result.stats.n_generated * 0.7
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 3}])
-def test_ngram_mode_verifies_a_proposal_only_as_far_as_it_pays(plain_engine, sampling):
+@pytest.mark.parametrize("seeds", [None, range(8)])
+def test_ngram_mode_verifies_a_proposal_only_as_far_as_it_pays(plain_engine, seeds):
     """Proposing four tokens every round made 0.48x plain on chat, where little repeats. Sampled
-    text teaches the same acceptance as greedy text (see the n-gram drafter's watch)."""
+    text teaches the same acceptance as greedy text (see the n-gram drafter's watch). Sampling
+    is judged on eight seeds pooled: one sampled answer verifies one to five priced tokens, too
+    few for an acceptance rate (one seed's single rejected token failed this on a Zen 3)."""
     prompt = plain_engine.prompt_tokens(PROMPTS[0])
-    run = dict(max_tokens=60, mode="ngram", **sampling)
-    fixed = plain_engine.generate(prompt, draft_max=4, **run).stats
-    priced = plain_engine.generate(prompt, **run).stats
-    assert fixed.draft_tokens > 0 and fixed.acceptance_rate < 0.5
-    assert priced.choices.get("plain", 0) > priced.choices.get("ngram", 0)
-    assert priced.draft_tokens < fixed.draft_tokens / 2
-    assert priced.draft_tokens == 0 or priced.acceptance_rate > fixed.acceptance_rate
+    runs = [{}] if seeds is None else [{"temperature": 0.8, "seed": s} for s in seeds]
+    fixed = [
+        plain_engine.generate(prompt, max_tokens=60, mode="ngram", draft_max=4, **r).stats
+        for r in runs
+    ]
+    priced = [plain_engine.generate(prompt, max_tokens=60, mode="ngram", **r).stats for r in runs]
+
+    def pooled(stats, field):
+        return sum(getattr(s, field) for s in stats)
+
+    def choices(name):
+        return sum(s.choices.get(name, 0) for s in priced)
+
+    def acceptance(stats):
+        return pooled(stats, "accepted_tokens") / max(pooled(stats, "draft_tokens"), 1)
+
+    assert pooled(fixed, "draft_tokens") > 0 and acceptance(fixed) < 0.5
+    assert choices("plain") > choices("ngram")
+    assert pooled(priced, "draft_tokens") < pooled(fixed, "draft_tokens") / 2
+    assert pooled(priced, "draft_tokens") == 0 or acceptance(priced) > acceptance(fixed)
 
 
 def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine):
