@@ -93,6 +93,40 @@ def test_without_draft_max_a_chain_drafts_on_while_one_more_token_raises_the_exp
     assert_same_or_near_tie(engine, engine.prompt_tokens(prompt), plain.tokens, result.tokens)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_greedy_chains_weak_tail_goes_unverified_but_every_sampled_draw_is_verified(
+    q2_draft_engine, monkeypatch, temperature
+):
+    """Greedy: verifying a weak tail costs more than it yields, so it is cut. Sampling: which
+    draws are verified must not depend on the draws themselves (test_sampling shows the output
+    tilting towards the draft's favourites where it does), so every draw is verified."""
+    from edgespec import engine as engine_module
+    from edgespec.engine import Engine
+
+    # Chains of four, whatever the tokens' chances: tails as weak as the draft makes them.
+    monkeypatch.setattr(engine_module, "worth_drafting_on", lambda probs, *_: len(probs) < 4)
+    verified_and_drafted: list[tuple[int, int]] = []
+    verify_chain = Engine._verify_chain
+
+    def recording(self, run, proposed, from_draft, drafted=None):
+        if drafted is not None:
+            verified_and_drafted.append((len(proposed), len(drafted[0])))
+        return verify_chain(self, run, proposed, from_draft, drafted)
+
+    monkeypatch.setattr(Engine, "_verify_chain", recording)
+    for seed in range(3):
+        q2_draft_engine.generate(
+            PROMPTS[1], max_tokens=60, mode="chain", ngram=False, temperature=temperature,
+            seed=seed,
+        )  # fmt: skip
+    cut = sum(verified < drafted for verified, drafted in verified_and_drafted)
+    assert len(verified_and_drafted) > 20
+    if temperature:
+        assert cut == 0
+    else:
+        assert cut > 0
+
+
 def test_after_many_rounds_the_target_cache_holds_exactly_the_committed_tokens(q2_draft_engine):
     engine = q2_draft_engine
     prompt = engine.prompt_tokens("Write a long story about a dragon and a knight.")

@@ -380,6 +380,21 @@ def test_the_check_catches_a_chain_that_resamples_from_the_target():
     assert not follows(tokens[:, 0], p_rows[0])
 
 
+def chain_verifying_only_sure_draws(draft_tokens, q_rows, p_rows, rng) -> tuple[int, int]:
+    """A wrong rule: the chain is cut before its first draw the draft gave less than 1/VOCAB,
+    as if a weak tail were not worth its verification (right for greedy chains only): which
+    draws are verified then depends on the draws themselves."""
+    sure = 0
+    while sure < len(draft_tokens) and q_rows[sure][draft_tokens[sure]] >= 1 / VOCAB:
+        sure += 1
+    return accept_chain(draft_tokens[:sure], q_rows[:sure], p_rows[: sure + 1], rng)
+
+
+def test_the_check_catches_a_chain_that_verifies_only_the_draws_the_draft_was_sure_of():
+    tokens, p_rows, _ = generate_with_chains(chain_verifying_only_sure_draws, k=1, length=1, seed=1)
+    assert not follows(tokens[:, 0], p_rows[0])
+
+
 def test_chain_validates_its_rows_and_draft_tokens():
     p, q = target_and_draft(0)
     rng = np.random.default_rng(0)
