@@ -84,19 +84,28 @@ def test_ngram_drafts_copy_heavy_text_well(plain_engine, draft_max):
     assert result.stats.target_passes < result.stats.n_generated * 0.7
 
 
-@pytest.mark.parametrize("seeds", [None, range(8)])
-def test_ngram_mode_verifies_a_proposal_only_as_far_as_it_pays(plain_engine, seeds):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_ngram_mode_verifies_a_proposal_only_as_far_as_it_pays(plain_engine, sampled, monkeypatch):
     """Proposing four tokens every round made 0.48x plain on chat, where little repeats. Sampled
-    text teaches the same acceptance as greedy text (see the n-gram drafter's watch). Sampling
-    is judged on eight seeds pooled: one sampled answer verifies one to five priced tokens, too
-    few for an acceptance rate (one seed's single rejected token failed this on a Zen 3)."""
-    prompt = plain_engine.prompt_tokens(PROMPTS[0])
-    runs = [{}] if seeds is None else [{"temperature": 0.8, "seed": s} for s in seeds]
-    fixed = [
-        plain_engine.generate(prompt, max_tokens=60, mode="ngram", draft_max=4, **r).stats
-        for r in runs
-    ]
-    priced = [plain_engine.generate(prompt, max_tokens=60, mode="ngram", **r).stats for r in runs]
+    text teaches the same acceptance as greedy text (see the n-gram drafter's watch). Judged on
+    answers pooled (the prompts greedily, eight seeds sampled): one chat answer verifies one to
+    six priced tokens, too few for an acceptance rate (a single answer failed this on a Zen 3,
+    greedy at 1/6 against 0.17 and sampled at 0/1 against 0.18). Priced with the default curve:
+    the SmolLM2 profile an earlier test may have stored would make the outcome depend on the
+    order the tests ran in."""
+    price_passes_with_the_default_curve(plain_engine, monkeypatch)
+    if sampled:
+        runs = [(PROMPTS[0], {"temperature": 0.8, "seed": seed}) for seed in range(8)]
+    else:
+        runs = [(prompt, {}) for prompt in PROMPTS]
+    fixed, priced = [], []
+    for prompt, sampling in runs:
+        tokens = plain_engine.prompt_tokens(prompt)
+        fixed.append(
+            plain_engine.generate(tokens, max_tokens=60, mode="ngram", draft_max=4, **sampling)
+        )
+        priced.append(plain_engine.generate(tokens, max_tokens=60, mode="ngram", **sampling))
+    fixed, priced = [r.stats for r in fixed], [r.stats for r in priced]
 
     def pooled(stats, field):
         return sum(getattr(s, field) for s in stats)
