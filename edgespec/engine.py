@@ -35,6 +35,7 @@ from .policy import (
     LossBudget,
     ModelOrNgram,
     PassCosts,
+    best_pass_size,
     best_proposal_length,
     worth_drafting_on,
     worth_growing,
@@ -1232,6 +1233,14 @@ class Engine:
         stats.draft_s += drafting_s
         if evals:  # catching the draft up on the root's backlog aside, as in chains
             run.costs.record_draft_step((drafting_s - run.catch_up_s) / evals)
+        if priced and run.costs.measured:
+            # The drafting is paid for; verify only the nodes likely enough to pay for their
+            # slot in the pass, as a chain leaves its weak tail.
+            surest = tree.surest_nodes()
+            size, _ = best_pass_size((tree.nodes[n].confidence for n in surest), run.costs)
+            if size < len(surest):
+                renumbered = tree.prune(surest[:size])
+                argmax_of = {renumbered[n]: a for n, a in argmax_of.items() if renumbered[n] >= 0}
 
         batch_tokens, depths, seq_ids = verification_batch(tree)
         for seq in range(1, len(tree.branches)):  # every branch sees the committed prefix

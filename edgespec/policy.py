@@ -10,8 +10,10 @@ no clock: the engine feeds measurements in, so the policy is testable with made-
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 
 MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise must not tempt us
 # Model drafts are tried only where their ceiling (a best case: every chain at the length that
@@ -383,17 +385,26 @@ def best_proposal_length(accept_probs: Sequence[float], costs: Costs) -> tuple[i
     """How many of the proposed tokens to verify for the best expected tokens per second, and
     that rate; length 0 is a plain step. `accept_probs[i]`: the chance that token i is accepted
     if all before it were. For proposals already paid for: n-gram drafts, which cost nothing to
-    make, or model drafts once drafted (verifying a weak tail costs more than it yields).
-    Every round asks this, so the expectation is built up as the length grows (one pass)."""
-    best_len, best_rate = 0, 1.0 / costs.verify_s(1)
-    tokens, all_accepted = 1.0, 1.0  # the target's own token, and P(all so far accepted)
-    for length, p in enumerate(accept_probs, start=1):
-        all_accepted *= p
-        tokens += all_accepted
-        rate = tokens / costs.verify_s(length + 1)
+    make, or model drafts once drafted (verifying a weak tail costs more than it yields)."""
+    return best_pass_size(accumulate(accept_probs, mul), costs)
+
+
+def best_pass_size(reaches: Iterable[float], costs: Costs) -> tuple[int, float]:
+    """How many drafted tokens to verify, of a chain or a tree, for the best expected tokens per
+    second, and that rate; 0 is a plain step. `reaches`: each token's chance of being accepted
+    (its whole path's), surest first; as a token is never surer than the one before it on its
+    path, the first n of them form a chain or a tree. Drafting is paid for, so only the pass
+    counts: a runner-up sibling, or a weak tail, is verified only if its chance outweighs the
+    slot it takes in the pass (on a Zen 4 here a slot costs 0.4-0.9 of a step). Built up as the
+    size grows: one pass over `reaches`."""
+    best_size, best_rate = 0, 1.0 / costs.verify_s(1)
+    tokens = 1.0  # the target's own token, and each drafted one's chance
+    for size, reach in enumerate(reaches, start=1):
+        tokens += reach
+        rate = tokens / costs.verify_s(size + 1)
         if rate > best_rate:
-            best_len, best_rate = length, rate
-    return best_len, best_rate
+            best_size, best_rate = size, rate
+    return best_size, best_rate
 
 
 # Plain steps that verified n-gram proposals may lose, as priced, in one generation (LossBudget).

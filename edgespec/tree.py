@@ -9,7 +9,7 @@ all branches through it gives every node exactly its ancestors as context.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -83,6 +83,36 @@ class TokenTree:
 
     def branches_through(self, node: int) -> list[int]:
         return [b for b in range(len(self.branches)) if node in self.path_of(b)]
+
+    def surest_nodes(self) -> list[int]:
+        """The drafted nodes (the root aside), the likeliest to be accepted first. A node is
+        never surer than its parent and comes after it among equals, so any first n of them
+        form a tree (best_pass_size)."""
+        nodes = self.nodes
+        return sorted(range(1, len(nodes)), key=lambda n: (-nodes[n].confidence, nodes[n].depth))
+
+    def prune(self, keep: Collection[int]) -> list[int]:
+        """Keep the root and the nodes `keep` (each with its parent) and drop the others; each
+        branch then ends at the deepest node of its path that stays. Branch numbers, the seq ids
+        of the draft's cache, do not change; node numbers close up, in the same order (parents
+        first): returns each old node's new number, -1 where it was dropped."""
+        kept = {0, *keep}
+        renumbered, count = [], 0
+        for old in range(len(self.nodes)):
+            renumbered.append(count if old in kept else -1)
+            count += old in kept
+        for branch in self.branches:
+            leaf = branch.leaf
+            while renumbered[leaf] < 0:
+                leaf = self.nodes[leaf].parent
+            if leaf != branch.leaf:
+                branch.closed = False  # its end-of-generation leaf, if it had one, is gone
+            branch.leaf = renumbered[leaf]
+        self.nodes = [node for old, node in enumerate(self.nodes) if renumbered[old] >= 0]
+        for node in self.nodes:
+            node.parent = renumbered[node.parent] if node.parent >= 0 else -1
+            node.children = [renumbered[c] for c in node.children if renumbered[c] >= 0]
+        return renumbered
 
     def graft(
         self,

@@ -39,6 +39,14 @@ def price_passes_with_the_default_curve(engine, monkeypatch) -> None:
     monkeypatch.setattr(engine, "_pass_costs", PassCosts())
 
 
+def price_passes_with_a_flat_curve(engine, monkeypatch) -> None:
+    """Verification slots nearly free (a phone-like curve): a calibrated tree then verifies
+    what it grew, where a dear curve would leave its unlikely nodes out of the pass."""
+    monkeypatch.setattr(engine, "relative_cost", lambda k: 1 + 0.02 * (k - 1))
+    monkeypatch.setattr(engine, "pass_sizes", ())  # a smooth curve: it holds at every size
+    monkeypatch.setattr(engine, "_pass_costs", PassCosts())
+
+
 def grow_trees_by_llmcads_triggers_alone(engine, monkeypatch) -> None:
     """Trees grown until LLMCad's confidence threshold or the budget stops them, not the round's
     price: SmolLM2's draft costs about a target step, so priced rounds stop after a draft step or
@@ -157,11 +165,14 @@ def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine)
 def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_tokens(
     q2_draft_engine, prompt, ngram_rounds, monkeypatch
 ):
-    """Tree rounds, and rounds that verify the n-gram proposal alone (with ngram_rounds)."""
-    if not ngram_rounds:
-        monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
+    """Tree rounds, and rounds that verify the n-gram proposal alone (with ngram_rounds). The
+    trees leave nodes out of the pass on the default curve; without n-gram rounds, priced on a
+    flat one, they verify their grafted copies (the default curve left the grafts' priors out)."""
     engine = q2_draft_engine
     price_passes_with_the_default_curve(engine, monkeypatch)
+    if not ngram_rounds:
+        monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
+        price_passes_with_a_flat_curve(engine, monkeypatch)
     grow_trees_by_llmcads_triggers_alone(engine, monkeypatch)
     original = engine._round_tree_mode
     checked = []
@@ -249,8 +260,11 @@ def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_th
 ):
     """With the target as its own draft every argmax is accepted, however unsure the draft was:
     the calibrated tree learns that and grows the winning line, where LLMCad's rule on the raw
-    probabilities keeps drafting side branches that never win. Both stay lossless."""
+    probabilities keeps drafting side branches that never win. Both stay lossless. (On a flat
+    curve: on SmolLM2's own, where a batch is dear for its tiny step, the calibrated tree
+    leaves much of what it drafted out of the pass, as it should.)"""
     grow_trees_by_llmcads_triggers_alone(self_draft_engine, monkeypatch)
+    price_passes_with_a_flat_curve(self_draft_engine, monkeypatch)
     runs = {
         calibrated: check_greedy(
             plain_engine, self_draft_engine, prompt, "tree", n=64, branch_p=0.1,
@@ -279,6 +293,34 @@ def test_a_tree_is_verified_once_one_more_draft_step_would_lower_the_rounds_rate
     assert priced.tree.triggers.get("cost", 0) > 0 and "cost" not in unpriced.tree.triggers
     per_pass = [s.draft_evals / s.target_passes for s in (priced, unpriced)]
     assert per_pass[0] < per_pass[1]
+
+
+def test_a_priced_tree_verifies_only_the_nodes_likely_enough_to_pay_for_their_slot(
+    plain_engine, q2_draft_engine, monkeypatch
+):
+    """Grown by LLMCad's triggers alone with many runners-up (branch_p 0.1) and priced with a
+    CPU's curve, the calibrated tree leaves its unlikely nodes out of the pass, as a chain its
+    weak tail; the text stays the target's. Raw confidences are no chances: LLMCad's tree is
+    verified as grown."""
+    engine = q2_draft_engine
+    price_passes_with_the_default_curve(engine, monkeypatch)
+    grow_trees_by_llmcads_triggers_alone(engine, monkeypatch)
+    pruned: list[tuple[int, int]] = []  # nodes drafted, nodes verified
+    prune = TokenTree.prune
+
+    def recording(tree, keep):
+        drafted = len(tree.nodes)
+        renumbered = prune(tree, keep)
+        pruned.append((drafted, len(tree.nodes)))
+        return renumbered
+
+    monkeypatch.setattr(TokenTree, "prune", recording)
+    options = {"ngram": False, "branch_p": 0.1, "alpha0": 0.01, "adaptive_alpha": False}
+    check_greedy(plain_engine, engine, PROMPTS[1], "tree", n=48, **options)
+    assert len(pruned) > 3 and all(verified < drafted for drafted, verified in pruned)
+    pruned.clear()
+    check_greedy(plain_engine, engine, PROMPTS[1], "tree", n=48, calibrated=False, **options)
+    assert not pruned
 
 
 @pytest.mark.parametrize("adaptive", [True, False])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import random
+from itertools import accumulate
+from operator import mul
 
 import pytest
 
@@ -33,6 +35,7 @@ from edgespec.policy import (
     LossBudget,
     ModelOrNgram,
     PassCosts,
+    best_pass_size,
     best_proposal_length,
     expected_tokens,
     model_draft_ceiling,
@@ -721,6 +724,24 @@ def test_a_drafted_chain_is_verified_only_as_far_as_its_tokens_pay_for_their_ver
     unsure = [0.3, 0.9]
     length, _ = best_proposal_length(unsure, c)
     assert length == 0  # a plain step instead
+
+
+def test_a_drafted_trees_runner_up_is_verified_only_where_its_slot_in_the_pass_is_cheap():
+    """Chances of acceptance, surest first: the main line (0.95, then 0.9 with it), a runner-up
+    sibling (0.3). A slot costing 0.6 of a step leaves the sibling out; one of 0.05 takes it."""
+    reaches = [0.95, 0.9, 0.3]
+
+    def device(slot: float) -> Costs:
+        c = Costs(lambda k: 1 + slot * (k - 1))
+        c.step_s.update(0.03)
+        return c
+
+    assert best_pass_size(reaches, device(0.6))[0] == 2
+    assert best_pass_size(reaches, device(0.05))[0] == 3
+    assert best_pass_size([0.2, 0.1], device(0.6))[0] == 0  # a plain step
+    # A chain's tokens are a tree of one branch: its reaches are the running products.
+    chain = [0.98, 0.97, 0.95, 0.1, 0.9]
+    assert best_pass_size(accumulate(chain, mul), costs()) == best_proposal_length(chain, costs())
 
 
 def test_the_model_ceiling_rises_with_a_cheaper_draft_and_a_flatter_curve():

@@ -216,6 +216,28 @@ def test_a_node_carries_the_seq_ids_of_every_branch_through_it() -> None:
     assert seq_ids == [[0, 1, 2], [0, 2], [1], [0], [2], [1]]
 
 
+def test_the_surest_nodes_come_after_their_parents_so_any_first_ones_form_a_tree() -> None:
+    tree = forked_tree()
+    surest = tree.surest_nodes()
+    assert surest == [1, 2, 5, 3, 4]  # confidences .6, .35, .315, .30, .24
+    for n in range(len(surest)):
+        assert all(tree.nodes[node].parent in (0, *surest[:n]) for node in surest[: n + 1])
+
+
+def test_a_pruned_tree_keeps_the_surest_nodes_and_ends_each_branch_at_its_deepest_kept_one():
+    tree = forked_tree()
+    renumbered = tree.prune([1, 2, 5])  # 11 and 12, the tips of branches 0 and 2, go
+    assert renumbered == [0, 1, 2, -1, -1, 3]
+    tokens, depths, seq_ids = verification_batch(tree)
+    assert (tokens, depths) == ([1, 10, 20, 21], [0, 1, 1, 2])
+    assert seq_ids == [[0, 1, 2], [0, 2], [1], [1]]  # branch numbers (seq ids) unchanged
+    assert [tree.leaf(b).token for b in range(3)] == [10, 21, 10]
+    assert tree.nodes[1].children == [] and tree.nodes[2].children == [3]
+    # The target wanted 11 after 10: it is the bonus token, as if 11 had never been drafted.
+    result = greedy_accept(tree, np.array([10, 11, 21, 0]))
+    assert (result.path, result.tokens, result.bonus) == ([0, 1], [10], 11)
+
+
 def test_a_fully_accepted_branch_earns_the_bonus_token_after_its_leaf() -> None:
     tree = forked_tree()
     target = np.array([20, 0, 21, 0, 0, 40])  # target's argmax at each node
