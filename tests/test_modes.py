@@ -236,8 +236,10 @@ def test_the_ngram_branch_carries_copied_text_without_changing_it(
     """The copy is free to propose and may reach past the draft's --max-depth. (Every round is
     a tree here: verifying the copy alone, which it would often be, is tested above. Alpha 0.1:
     in 60 tokens the n-gram statistics barely leave their priors, whose grafts at alpha 0.3 stop
-    after a token or two.)"""
+    after a token or two. On a flat curve: a dear one may leave the grafts' early estimates out
+    of the pass.)"""
     monkeypatch.setattr(ModelOrNgram, "choose", lambda self, ngram_rate: "model")
+    price_passes_with_a_flat_curve(q2_draft_engine, monkeypatch)
     plain = plain_engine.generate(COPY_PROMPT, max_tokens=60, mode="target")
     runs = {
         graft: q2_draft_engine.generate(
@@ -324,7 +326,10 @@ def test_a_priced_tree_verifies_only_the_nodes_likely_enough_to_pay_for_their_sl
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
-def test_alpha_moves_after_verifications_only_when_adaptive(q2_draft_engine, adaptive):
+def test_alpha_moves_after_verifications_only_when_adaptive(q2_draft_engine, adaptive, monkeypatch):
+    # On a flat curve: on a dear one a tree may be left out of its pass whole, a plain step
+    # that verifies nothing and leaves alpha as it was.
+    price_passes_with_a_flat_curve(q2_draft_engine, monkeypatch)
     stats = q2_draft_engine.generate(
         PROMPTS[1], max_tokens=48, mode="tree", alpha0=0.2, adaptive_alpha=adaptive
     ).stats
