@@ -883,11 +883,13 @@ class Engine:
         stats.target_passes += 1
         self._record_pass(run, len(batch), self.target_ctx.decode_s - native_before)
         if params.greedy:
-            best = logits.argmax(axis=1)
-            n_ok = 0
-            while n_ok < len(proposed) and proposed[n_ok] == best[n_ok]:
+            # Row by row, up to the first disagreement: a row is the whole vocabulary's logits
+            # (0.6 MB for Qwen's), and an n-gram pass of 33 whose 4th token is wrong need not
+            # read the 29 rows after it (all rows: ~1 ms for a pass of 16 here).
+            n_ok, next_token = 0, int(logits[0].argmax())
+            while n_ok < len(proposed) and proposed[n_ok] == next_token:
                 n_ok += 1
-            next_token = int(best[n_ok])
+                next_token = int(logits[n_ok].argmax())
         elif from_draft:
             p_rows = [probs_from_logits(row, params) for row in logits]
             n_ok, next_token = accept_chain(

@@ -15,7 +15,7 @@ import pytest
 
 import edgespec
 from edgespec import draft_head
-from edgespec.backend import Context, Model, row_dequantizer
+from edgespec.backend import Context, Model, _native_log, row_dequantizer
 from edgespec.draft_head import NarrowedHead, TableRows, narrowed_path
 from edgespec.drafts import narrow
 from edgespec.errors import ModelFileError
@@ -123,6 +123,15 @@ def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
     assert head.id_array.tolist() == head.ids
     head.feed(outside[:1], buffer)  # forgotten, so scored again
     assert head.ids[head.n_kept :] == [*outside[2:4], outside[0]]
+
+
+def test_a_narrowed_draft_decodes_without_llama_cpp_warning_about_its_outputs(narrowed_engine):
+    """Its hidden states make llama.cpp output every row of a batch, whatever it is told: told so,
+    it does not warn at every batch, each warning a call into Python through the log callback."""
+    narrowed_engine.forget_caches()  # the prompt and every round's first draft batch: batches
+    _native_log.clear()
+    narrowed_engine.generate(PROMPTS[0], max_tokens=24, mode="chain")
+    assert not [w for w in _native_log.warnings if "output" in w]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
