@@ -55,7 +55,14 @@ from .profile import (
     save_pass_costs,
     save_profile,
 )
-from .sampling import SamplingParams, accept_chain, accept_point_mass, probs_from_logits, sample
+from .sampling import (
+    RowsOnDemand,
+    SamplingParams,
+    accept_chain,
+    accept_point_mass,
+    probs_from_logits,
+    sample,
+)
 from .scheduler import GreedyScheduler, PacerScheduler, TriggerConfig, next_alpha, verify_cause
 from .stats import Stats, TreeStats
 from .text import Detokenizer, StopMatcher
@@ -891,7 +898,7 @@ class Engine:
                 n_ok += 1
                 next_token = int(logits[n_ok].argmax())
         elif from_draft:
-            p_rows = [probs_from_logits(row, params) for row in logits]
+            p_rows = RowsOnDemand(len(logits), lambda i: probs_from_logits(logits[i], params))
             n_ok, next_token = accept_chain(
                 proposed, self._q_rows[: len(proposed)], p_rows, run.rng
             )

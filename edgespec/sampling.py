@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,6 +204,31 @@ def draw_children(q: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
     return [sample(q, rng) for _ in range(n)]
 
 
+class RowsOnDemand(Sequence[np.ndarray]):
+    """`row(i)` for i < n, each computed when first asked for: speculative sampling needs the
+    target's distribution only up to the first rejected token, and each is a softmax over the
+    whole vocabulary."""
+
+    def __init__(self, n: int, row: Callable[[int], np.ndarray]):
+        self._n, self._row = n, row
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]  # no slices
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        if i not in self._rows:
+            self._rows[i] = self._row(i)
+        return self._rows[i]
+
+    @property
+    def computed(self) -> list[int]:
+        """The rows asked for so far."""
+        return sorted(self._rows)
+
+
 def accept_chain(
     draft_tokens: Sequence[int],
     q_rows: Sequence[np.ndarray],
@@ -223,7 +248,8 @@ def accept_chain(
             f"{k} draft tokens need {k} q rows and {k + 1} p rows "
             f"(got {len(q_rows)} and {len(p_rows)})"
         )
-    for i, (token, q, p) in enumerate(zip(draft_tokens, q_rows, p_rows[:k], strict=True)):
+    for i, (token, q) in enumerate(zip(draft_tokens, q_rows, strict=True)):
+        p = p_rows[i]  # p_rows may compute its rows when asked (RowsOnDemand)
         if not _accept_draw(int(token), q, p, rng):
             residual = _residual(p, q)
             # No residual mass means p == q, where rejection only happens through round-off.

@@ -11,6 +11,7 @@ import pytest
 
 from edgespec.errors import BadSettingError
 from edgespec.sampling import (
+    RowsOnDemand,
     SamplingParams,
     accept_among_children,
     accept_among_fixed_children,
@@ -402,6 +403,17 @@ def test_chain_validates_its_rows_and_draft_tokens():
         accept_chain([4, 5], [q, q], [p, p], rng)
     with pytest.raises(ValueError, match="draft probability 0"):
         accept_chain([2], [q], [p, p], rng)  # q(2) = 0: token 2 cannot come from this draft
+
+
+def test_chain_computes_the_targets_distributions_only_up_to_the_first_rejection():
+    p, q = target_and_draft(0)
+    rng = np.random.default_rng(0)
+    impossible = int(np.flatnonzero((p == 0) & (q > 0))[0])  # drafted, never the target's
+    p_rows = RowsOnDemand(4, lambda i: p)
+
+    n_accepted, _ = accept_chain([impossible, 4, 5], [q, q, q], p_rows, rng)
+
+    assert n_accepted == 0 and p_rows.computed == [0]
 
 
 def test_chain_accepts_everything_when_draft_and_target_agree():
