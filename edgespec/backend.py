@@ -356,7 +356,7 @@ class Context:
         if self._head is None:
             self._tokens[:n] = tokens
         else:
-            self._head.feed(tokens, self._embd)
+            self._head.feed_at(tokens, self._embd_address)
         if positions is None:
             np.add(self._offsets[:n], start_pos, out=self._pos[:n])
         else:
