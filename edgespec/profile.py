@@ -151,7 +151,7 @@ def measure_times(
     # pass has run, the first pass of each smaller size takes what its next ones take (here:
     # 5, 6, 7, 3 tokens 221 / 323 / 363 / 186 ms first, 217-259 / 318-334 / 353-358 / 182-186
     # ms after), so only it and a step are warmed, not every size: that time goes to measuring.
-    for k in (ks[-1], 1):
+    for k in dict.fromkeys((ks[-1], 1)):  # one step alone where only steps are measured
         timed_pass(k)
     times: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
     order = random.Random(SHUFFLE_SEED)
@@ -197,7 +197,7 @@ class DeviceProfile:
 
     @property
     def quick(self) -> bool:
-        """Measured at the sweet spots only (first use, --quick): a full profile knows more."""
+        """Measured at the quick sizes only (first use, --quick): a full profile knows more."""
         return set(self.ks) <= set(QUICK_KS)
 
     @property
@@ -511,7 +511,7 @@ def alternating_steps(
 
 
 def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:
-    """A first-use profile: the sweet-spot ks only, 3 rounds at most, about QUICK_BUDGET_S. In a
+    """A first-use profile: QUICK_KS only, 3 rounds at most, about QUICK_BUDGET_S. In a
     context smaller than its prefix and largest pass (`-c 64`), after a shorter prefix, and
     without the passes that do not fit at all (such a profile is measured again in a larger
     context: it lacks quick sizes)."""

@@ -108,7 +108,7 @@ def test_a_batch_that_does_not_fit_the_context_is_refused_before_measuring(smol_
         measure_curve(smol_ctx, ks=(1, 64), context_tokens=smol_ctx.n_ctx - 32)
 
 
-def test_quick_profile_measures_the_sweet_spots_and_labels_the_model(smol_ctx, smol_path):
+def test_quick_profile_measures_the_quick_sizes_and_labels_the_model(smol_ctx, smol_path):
     p = quick_profile(smol_ctx, n_threads=2)
     assert p.ks == list(QUICK_KS)
     assert (p.model_file, p.model_size) == (smol_path.name, smol_path.stat().st_size)
