@@ -28,12 +28,14 @@ from edgespec.profile import (
     AutoMemory,
     DeviceProfile,
     current_cpus,
+    curve_from_times,
     load_auto_memory,
     load_pass_costs,
     load_pipeline_speedup,
     load_profile,
     measure_curve,
     measure_profile,
+    measure_times,
     noise,
     profile_model,
     profiles_dir,
@@ -463,6 +465,72 @@ def test_a_machine_slowing_down_while_measured_still_gives_the_devices_curve(mon
     curve = measure_curve(machine, ks=list(DRIFT_COST), repeats=5)  # type: ignore[arg-type]
     for k, cost in DRIFT_COST.items():
         assert curve[k] / curve[1] == pytest.approx(cost, rel=0.03), k
+
+
+class HiccupMachine:
+    """A fake context whose pass of k tokens takes cost[k] ms, except the first passes of the
+    sizes in `hiccups`, which take that many times longer (another process waking up)."""
+
+    n_batch = n_ctx = 512
+    model = type("FakeModel", (), {"n_vocab": 1000})()
+
+    def __init__(self, cost: dict[int, float], hiccups: dict[int, float] | None = None) -> None:
+        self.now_ms = 0.0
+        self.cost = cost
+        self.hiccups = dict(hiccups or {})
+        self.warmed_up = False
+
+    def perf_counter(self) -> float:
+        return self.now_ms / 1000
+
+    def decode(self, tokens: list[int], start_pos: int, logits: str = "last") -> None:
+        k = len(tokens)
+        if k not in self.cost:  # the prefill: any duration
+            self.now_ms += 100.0
+            return
+        slowdown = self.hiccups.pop(k, 1.0) if self.warmed_up else 1.0
+        self.warmed_up = self.warmed_up or k == 1  # the warm-up ends with a step
+        self.now_ms += self.cost[k] * slowdown
+
+    def clear(self) -> None: ...
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None: ...
+
+
+# A Zen 3's curve here, in ms (a step 100), rising up to 8; 16 dearer per token than 8.
+ZEN3_MS = {1: 100, 2: 150, 3: 200, 4: 230, 5: 280, 6: 330, 7: 380, 8: 600, 16: 700}
+
+
+def quick_times(machine: HiccupMachine, monkeypatch) -> dict[int, list[tuple[float, float]]]:
+    """measure_times as a first-use profile on a slow CPU: one round fills its budget."""
+    monkeypatch.setattr("edgespec.profile.time", machine)
+    return measure_times(machine, list(ZEN3_MS), repeats=3, budget_s=0.0)  # type: ignore[arg-type]
+
+
+def test_a_pass_slowed_once_below_8_tokens_is_timed_again_until_its_curve_rises(monkeypatch):
+    # One pass of 5 tokens three times its cost: alone it would price 5 above 6 (8.4 > 3.3 steps),
+    # and a size priced too dear is never verified, so never timed again.
+    times = quick_times(HiccupMachine(ZEN3_MS, hiccups={5: 3.0}), monkeypatch)
+    assert {k: len(pairs) for k, pairs in times.items()} == {
+        1: 1, 2: 1, 3: 1, 4: 1, 5: 3, 6: 3, 7: 1, 8: 1, 16: 1
+    }  # fmt: skip
+    curve = curve_from_times(times)
+    assert curve[5] / curve[1] == pytest.approx(2.8)
+
+
+def test_a_curve_in_order_takes_no_more_passes_than_its_budget(monkeypatch):
+    times = quick_times(HiccupMachine(ZEN3_MS, hiccups={7: 1.1, 16: 3.0}), monkeypatch)
+    assert all(len(pairs) == 1 for pairs in times.values())
+
+
+def test_an_inversion_that_holds_is_kept_and_one_above_8_tokens_is_not_timed_again(monkeypatch):
+    # A kernel that makes 6 tokens cheaper than 5 on every pass; 16 cheaper than 8 (a Zen 4's
+    # bands): the profile reports what it measured, each out-of-order size below 8 timed 3 times.
+    cost = {**ZEN3_MS, 5: 340, 16: 550}
+    times = quick_times(HiccupMachine(cost), monkeypatch)
+    assert len(times[5]) == len(times[6]) == 3 and len(times[8]) == len(times[16]) == 1
+    curve = curve_from_times(times)
+    assert curve[5] > curve[6] and curve[8] > curve[16]
 
 
 def test_a_measured_profile_records_its_noise_and_old_files_without_it_still_load(
