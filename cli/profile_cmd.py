@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from edgespec.config import Settings
 from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
@@ -57,12 +58,15 @@ def profile(
     # Imported here: app.py imports this module to register the command.
     from edgespec.engine import default_threads
 
-    from .app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from .app import DEFAULT_TARGET, resolve_draft, resolve_model
 
     target_path = resolve_model(target, DEFAULT_TARGET)
-    draft_path = resolve_model(draft, DEFAULT_DRAFT if target is None else None)
     assert target_path is not None
     n_threads = threads or default_threads()
+    # With no model named, the draft `run` uses: the default one in its fastest form here (made
+    # and timed now if it has not been), not the file fetched, which `run` may never load.
+    settings = Settings(target=target, draft=draft, draft_threads=n_threads)
+    draft_path = resolve_draft(settings)
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")
     split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,10 @@ import typer
 from typer.testing import CliRunner
 
 from edgespec.backend import Context, Model
+from edgespec.cli.app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from edgespec.cli.profile_cmd import profile
-from edgespec.cores import format_cpu_list
+from edgespec.cores import cpu_identity, format_cpu_list
+from edgespec.drafts import DraftChoice, choice_path, copy_path
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
 from edgespec.policy import PassCosts
@@ -355,6 +359,39 @@ def test_profile_with_a_draft_reports_its_cost_in_target_steps(home, runner_app,
     result = CliRunner().invoke(runner_app, args)
     assert result.exit_code == 0, result.output
     assert "T(k)/T(1)" in result.stdout and "c_d =" in result.stdout
+
+
+def test_with_no_model_named_profile_measures_the_draft_run_would_use(
+    home, runner_app, smol_path, tmp_path, monkeypatch
+):
+    """The default draft as `run` loads it (its fastest form here), not the file fetched."""
+    fetched = {DEFAULT_TARGET: tmp_path / "target.gguf", DEFAULT_DRAFT: tmp_path / "draft.gguf"}
+    for path in fetched.values():
+        shutil.copy(smol_path, path)
+    fastest = copy_path(fetched[DEFAULT_DRAFT])
+    shutil.copy(smol_path, fastest)
+    choice = DraftChoice(
+        original="draft.gguf",
+        copy=fastest.name,
+        narrowed=fastest.name,
+        chosen=fastest.name,
+        step_ms={"draft.gguf": 2.0, fastest.name: 1.0},
+        n_threads=1,
+        cpu=cpu_identity(),
+    )
+    choice_path(fetched[DEFAULT_DRAFT]).write_text(json.dumps(asdict(choice)))
+    real = resolve_model
+    monkeypatch.setattr(
+        "edgespec.cli.app.resolve_model",
+        lambda name, default: real(name, None) if name else fetched.get(default),
+    )
+
+    result = CliRunner().invoke(runner_app, ["profile", "-t", "1", "--quick", "--json"])
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["target"]["model_file"] == "target.gguf"
+    assert report["draft"]["model_file"] == fastest.name
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pipeline needs two CPUs")
