@@ -142,25 +142,29 @@ fetch_and_profile() {
 		fi
 	done
 
-	local pair=(-m "$target")
+	local pair=(-m "$target") default_pair=0
 	[[ $draft != none ]] && pair+=(--draft "$draft")
+	[[ $target == qwen2.5-coder-1.5b && $draft == qwen2.5-coder-0.5b ]] && default_pair=1
 	# With a draft, also whether LLMCad's pipeline pays here (remembered: where it does, run and
-	# chat with the same CPUs use it).
+	# chat with the same CPUs use it). The default pair unnamed, as `run` is told to use it below:
+	# then the draft profiled is the one run uses, the default one in its fastest form here (made
+	# now, once), not the file fetched.
 	local measure=(--quick)
 	[[ $draft != none ]] && measure+=(--overlap)
+	((default_pair)) || measure+=("${pair[@]}")
 	say "a quick profile of this device (how much a verification pass costs here)"
 	if [[ $DRY_RUN == 1 && ! -x $edgespec ]]; then
-		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
+		run "$edgespec" profile "${measure[@]}"
 		printf '    (skipped if this edgespec has no profile command)\n'
 	elif "$edgespec" profile --help >/dev/null 2>&1; then
-		run "$edgespec" profile "${measure[@]}" "${pair[@]}"
+		run "$edgespec" profile "${measure[@]}"
 	else
 		printf '    skipped: this edgespec has no profile command yet\n'
 	fi
 
 	say "ready. Try:"
 	printf '    %q run' "$edgespec"
-	[[ $target != qwen2.5-coder-1.5b || $draft != qwen2.5-coder-0.5b ]] && printf ' %q' "${pair[@]}"
+	((default_pair)) || printf ' %q' "${pair[@]}"
 	printf ' -n 64 "Write a haiku about small computers."\n'
 	printf '    (or: source %q, then just edgespec ...)\n' "$VENV/bin/activate"
 }

@@ -108,7 +108,8 @@ def test_a_dry_run_shows_every_step_and_changes_nothing(script, sandbox, tmp_pat
     assert f"{venv}/bin/python -m pip install -e {SCRIPTS.parent}" in steps
     assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-1.5b" in steps
     assert f"{venv}/bin/edgespec models fetch qwen2.5-coder-0.5b" in steps
-    assert "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b" in steps
+    # The default pair unnamed: the draft profiled is the one `edgespec run` uses (its fastest form)
+    assert f"{venv}/bin/edgespec profile --quick --overlap\n" in steps
     assert files_under(tmp_path) == before
 
 
@@ -167,11 +168,20 @@ def test_a_target_chosen_alone_has_no_draft_as_in_edgespec_run(sandbox):
 
 
 def test_a_draft_can_be_chosen_too(sandbox):
+    pair = ("--target", "qwen2.5-coder-0.5b", "--draft", "qwen2.5-coder-0.5b")  # a self-draft
+    done = run_script("termux-setup.sh", "--dry-run", *pair, env=sandbox)
+    assert done.returncode == 0, done.stderr
+    measured = "profile --quick --overlap -m qwen2.5-coder-0.5b --draft qwen2.5-coder-0.5b\n"
+    assert measured in done.stdout
+    assert "run -m qwen2.5-coder-0.5b --draft qwen2.5-coder-0.5b -n 64" in done.stdout
+
+
+def test_the_default_pair_named_is_measured_and_run_as_run_uses_it(sandbox):
     pair = ("--target", "qwen2.5-coder-1.5b", "--draft", "qwen2.5-coder-0.5b")
     done = run_script("termux-setup.sh", "--dry-run", *pair, env=sandbox)
     assert done.returncode == 0, done.stderr
-    measured = "profile --quick --overlap -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b"
-    assert measured in done.stdout
+    assert "profile --quick --overlap\n" in done.stdout
+    assert "run -n 64" in done.stdout
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a venv")
