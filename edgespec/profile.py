@@ -86,10 +86,12 @@ def curve_from_times(times: Mapping[int, Sequence[tuple[float, float]]]) -> dict
     drifts while it is measured (other work coming and going) slows a pass and its step alike,
     so the ratio holds where separate medians of the two would not."""
     step = statistics.median(s for pairs in times.values() for s, _ in pairs)
-    return {
-        k: step if k == 1 else step * statistics.median(t / s for s, t in pairs)
-        for k, pairs in times.items()
-    }
+    return {k: step if k == 1 else step * in_steps(pairs) for k, pairs in times.items()}
+
+
+def in_steps(pairs: Sequence[tuple[float, float]]) -> float:
+    """A pass in plain steps: the median of its (step, pass) pairs' ratios."""
+    return statistics.median(t / s for s, t in pairs)
 
 
 def noise(times: Mapping[int, Sequence[tuple[float, float]]]) -> float:
@@ -189,13 +191,10 @@ ORDERED_UP_TO = 8
 def out_of_order(times: Mapping[int, Sequence[tuple[float, float]]]) -> list[int]:
     """The sizes up to ORDERED_UP_TO whose passes measured dearer than those of the next size
     measured, relative to their steps (as curve_from_times prices them), and that next size."""
-    ratios = {
-        k: statistics.median(t / s for s, t in pairs)
-        for k, pairs in sorted(times.items())
-        if pairs and k <= ORDERED_UP_TO
+    steps = {
+        k: in_steps(pairs) for k, pairs in sorted(times.items()) if pairs and k <= ORDERED_UP_TO
     }
-    sizes = list(ratios)
-    inverted = [(a, b) for a, b in pairwise(sizes) if ratios[a] > ratios[b]]
+    inverted = [(a, b) for a, b in pairwise(steps) if steps[a] > steps[b]]
     return sorted({k for pair in inverted for k in pair})
 
 
