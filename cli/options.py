@@ -18,7 +18,8 @@ Target = Annotated[
 Draft = Annotated[
     str | None,
     typer.Option(
-        help="Draft GGUF path or catalogue name [default: the Qwen 0.5B when no --target]"
+        help="Draft GGUF path or catalogue name [default: the Qwen 0.5B, in its fastest form "
+        "here, when no --target]"
     ),
 ]
 Mode = Annotated[
