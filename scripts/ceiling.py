@@ -84,19 +84,20 @@ def ngram_right(prompt: Sequence[int], generated: Sequence[int]) -> list[int]:
 
 def draft_agrees(engine, prompt: Sequence[int], generated: Sequence[int]) -> list[bool]:
     """Whether the draft's argmax, teacher-forced on prompt + generated, is each generated token.
-    (A narrowed draft learns every token of the text as it is fed, its first use included: a
-    little more agreement than drafting would see.)"""
+    The answer is fed a token a pass, as drafting feeds it: in one batch a narrowed draft would
+    learn the answer's rare tokens (its extra tokens, scored apart) before predicting them
+    (palindrome's code on the Zen 3: 0.963 of the tokens agreed that way, 0.925 a token a pass)."""
     ctx, head = engine.draft_ctx, engine.draft.head
-    ids = head.ids if head is not None else None
     tokens = [*prompt, *generated]
     engine.forget_draft_cache()
-    predicted: list[int] = []  # the draft's argmax after tokens[:p + 1], for every p
-    for start in range(0, len(tokens) - 1, ctx.n_batch):
-        chunk = tokens[start : min(start + ctx.n_batch, len(tokens) - 1)]
-        rows = ctx.decode(chunk, start, logits="all").argmax(axis=1).tolist()
-        predicted.extend(rows if ids is None else [ids[r] for r in rows])
+    if len(prompt) > 1:
+        ctx.decode(prompt[:-1], 0, logits="none")
+    agrees = []
+    for p in range(len(prompt), len(tokens)):
+        best = int(ctx.decode(tokens[p - 1 : p], p - 1)[-1].argmax())
+        agrees.append((best if head is None else head.ids[best]) == tokens[p])
     engine.forget_draft_cache()
-    return [predicted[p - 1] == tokens[p] for p in range(len(prompt), len(tokens))]
+    return agrees
 
 
 def main() -> None:
