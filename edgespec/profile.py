@@ -183,8 +183,8 @@ def measure_times(
 # one over fewer in the full profiles of the Zen 3, 4 and 5 here; above it the kernels' bands make
 # saws (a Zen 4: T(15) 10.2 steps, T(16) 8.2). Where a single timing says otherwise it is usually
 # noise (half of six quick profiles on the Zen 3 had a size out of order, none after the timings
-# they missed); where it holds, as for the Q4_0 draft here (T(4) below T(3) in every profile),
-# it is timed `repeats` times and kept.
+# they missed); where it holds, as it seems to for the Q4_0 draft here (T(4) below T(3) in five
+# of seven profiles, three timings each), it is timed `repeats` times and kept.
 ORDERED_UP_TO = 8
 
 
