@@ -534,7 +534,7 @@ class HiccupMachine:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None: ...
 
 
-# A Zen 3's curve here, in ms (a step 100), rising up to 8; 16 dearer per token than 8.
+# Shaped like this Zen 3's curve, in ms (a step 100): rising up to 8, and 16 little dearer than 8.
 ZEN3_MS = {1: 100, 2: 150, 3: 200, 4: 230, 5: 280, 6: 330, 7: 380, 8: 600, 16: 700}
 
 
