@@ -64,8 +64,10 @@ def profile(
     assert target_path is not None
     n_threads = threads or default_threads()
     # With no model named, the draft `run` uses: the default one in its fastest form here (made
-    # and timed now if it has not been), not the file fetched, which `run` may never load.
-    settings = Settings(target=target, draft=draft, draft_threads=n_threads)
+    # and timed now if it has not been), not the file fetched, which `run` may never load. Chosen
+    # with the draft's threads as `run` places them, so both find the same choice record (with
+    # -t's count instead, on a phone each would time the forms again for its own count).
+    settings = Settings(target=target, draft=draft, target_cpus=target_cpus, draft_cpus=draft_cpus)
     draft_path = resolve_draft(settings)
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")

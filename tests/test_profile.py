@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from edgespec.backend import Context, Model
 from edgespec.cli.app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from edgespec.cli.profile_cmd import profile
-from edgespec.cores import cpu_identity, format_cpu_list
+from edgespec.cores import cpu_identity, format_cpu_list, plan_placement
 from edgespec.drafts import DraftChoice, choice_path, copy_path
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
@@ -376,7 +376,7 @@ def test_with_no_model_named_profile_measures_the_draft_run_would_use(
         narrowed=fastest.name,
         chosen=fastest.name,
         step_ms={"draft.gguf": 2.0, fastest.name: 1.0},
-        n_threads=1,
+        n_threads=len(plan_placement().draft_cpus),  # the draft's threads in `run`
         cpu=cpu_identity(),
     )
     choice_path(fetched[DEFAULT_DRAFT]).write_text(json.dumps(asdict(choice)))
