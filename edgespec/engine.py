@@ -534,7 +534,7 @@ class Engine:
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost, self.pass_sizes)
-        run.costs.start_from(self._pass_costs)
+        run.costs.start_from(self._pass_costs.aged(time.time()))
         if cfg.mode == "auto":
             run.policy = AutoPolicy(
                 run.costs, self.model_arms, pipelined=run.pipeline, share=self.ceiling_share
@@ -602,7 +602,7 @@ class Engine:
     def _remember_passes(self, costs: Costs) -> None:
         """Keep what auto mode's passes measured (it times plain steps to compare them with) for
         the next generation and the next run."""
-        learnt = costs.learnt()
+        learnt = costs.learnt(now=time.time())
         if learnt.steps and not learnt.same_as(self._pass_costs):
             save_pass_costs(*self._passes_key, learnt)
             self._pass_costs = learnt

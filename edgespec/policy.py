@@ -47,6 +47,18 @@ PASS_WEIGHT = 0.2
 # count for it: what one pass measured moves the price a quarter of the way.
 PASS_PRIOR = 3
 MAX_SEEN = 10
+# What earlier runs measured of a size fades: every PASS_HALF_LIFE_S the passes its stored price
+# rests on count half as much, and below FORGOTTEN_BELOW passes it is forgotten (priced by the
+# corrected curve until it is timed again, then by its new passes alone). The shape of
+# the curve moves with the load within an hour here (a pass of 6 at 2.92 steps in a profile, 3.67
+# in the passes an hour later), and a size priced dear is not chosen, so not timed: without
+# fading, ten passes timed in a busy minute would price their size for good. Sizes in use are
+# timed every answer and stay fresh.
+PASS_HALF_LIFE_S = 3600.0
+# What a run learnt is stored again once the stored copy is this old, even if no price moved:
+# else the counts of sizes in steady use would fade as if they were never timed.
+PASS_REFRESH_S = PASS_HALF_LIFE_S / 8
+FORGOTTEN_BELOW = 0.5
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16
 # tokens on the same code here, and with a memory of 3 rounds (weight 0.3) two short chains
@@ -160,7 +172,7 @@ class Costs:
     # passes took 3.67 an hour later, which made 5-token n-gram proposals look better than
     # 3-token ones: 1.26 vs 1.34 tokens per step on an edit.
     pass_steps: dict[int, Ema] = field(default_factory=dict)
-    pass_seen: dict[int, int] = field(default_factory=dict)  # passes each rests on, capped
+    pass_seen: dict[int, float] = field(default_factory=dict)  # passes each rests on, capped
     # Rounds whose draft steps were timed in this generation; before the first, draft_s is an
     # estimate from profiles or an earlier run, if anything.
     draft_rounds: int = 0
@@ -264,14 +276,16 @@ class Costs:
         down by what such a pass costs in steps, it stands for one."""
         self.step_s.update(seconds / self.steps(k))
 
-    def learnt(self) -> PassCosts:
-        """What this generation's passes measured, to start the next generation from."""
+    def learnt(self, now: float | None = None) -> PassCosts:
+        """What this generation's passes measured, to start the next generation from; `now`:
+        the time it stands at (PassCosts.aged)."""
         steps = {k: ema.value for k, ema in self.pass_steps.items() if ema.value is not None}
         seen = {k: self.pass_seen.get(k, 1) for k in steps}
-        return PassCosts(steps, seen, self.batch_factor.value)
+        return PassCosts(steps, seen, self.batch_factor.value, now)
 
     def start_from(self, known: PassCosts) -> None:
-        """Begin with what earlier generations measured (this generation's passes move it)."""
+        """Begin with what earlier generations measured (this generation's passes move it), as
+        it stands now (the engine ages it: PassCosts.aged)."""
         self._steps.clear()
         self.pass_steps = {k: Ema(PASS_WEIGHT, v) for k, v in known.steps.items() if v > 0}
         self.pass_seen = {k: min(max(known.seen.get(k, 1), 1), MAX_SEEN) for k in self.pass_steps}
@@ -285,8 +299,9 @@ class PassCosts:
     Costs.pass_steps), and how far from the profile's curve they were overall."""
 
     steps: dict[int, float] = field(default_factory=dict)
-    seen: dict[int, int] = field(default_factory=dict)  # how many passes each rests on
+    seen: dict[int, float] = field(default_factory=dict)  # how many passes each rests on
     batch_factor: float | None = None
+    as_of: float | None = None  # when the counts stood as they are (Unix seconds); None: now
 
     # Within this fraction of each other, two measurements are the same (noisy timings): the
     # stored file is rewritten only when something moved by more.
@@ -302,6 +317,25 @@ class PassCosts:
             self.steps.keys() == other.steps.keys()
             and all(close(v, other.steps[k]) for k, v in self.steps.items())
             and close(self.batch_factor, other.batch_factor)
+            and not self._newer_than(other, PASS_REFRESH_S)
+        )
+
+    def _newer_than(self, other: PassCosts, seconds: float) -> bool:
+        if self.as_of is None or other.as_of is None:
+            return False
+        return self.as_of - other.as_of > seconds
+
+    def aged(self, now: float) -> PassCosts:
+        """These costs as they stand at `now`: each size's count of passes halved every
+        PASS_HALF_LIFE_S since `as_of`, and the sizes left resting on less than FORGOTTEN_BELOW
+        forgotten (see PASS_HALF_LIFE_S)."""
+        if self.as_of is None or now <= self.as_of:
+            return self
+        fade = 0.5 ** ((now - self.as_of) / PASS_HALF_LIFE_S)
+        seen = {k: self.seen.get(k, 1) * fade for k in self.steps}
+        kept = [k for k in self.steps if seen[k] >= FORGOTTEN_BELOW]
+        return PassCosts(
+            {k: self.steps[k] for k in kept}, {k: seen[k] for k in kept}, self.batch_factor, now
         )
 
 

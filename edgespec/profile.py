@@ -363,24 +363,24 @@ def load_pass_costs(
             return PassCosts()
         factor = data.get("batch_factor")
         steps = {int(k): float(v) for k, v in data["steps"].items() if float(v) > 0}
-        seen = {int(k): int(v) for k, v in data.get("seen", {}).items() if int(k) in steps}
-        return PassCosts(
-            steps, seen, float(factor) if factor is not None and float(factor) > 0 else None
-        )
+        seen = {int(k): float(v) for k, v in data.get("seen", {}).items() if int(k) in steps}
+        factor = float(factor) if factor is not None and float(factor) > 0 else None
+        return PassCosts(steps, seen, factor, saved_at.timestamp())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return PassCosts()
 
 
 def save_pass_costs(target: str | Path, n_threads: int, cpus: str, costs: PassCosts) -> None:
-    """Keep for the next run (errors are ignored)."""
+    """Keep for the next run (errors are ignored), as of `costs.as_of` (else now)."""
     path = _passes_path(Path(target), n_threads, cpus)
     if path is None:
         return
+    as_of = datetime.now(timezone.utc).timestamp() if costs.as_of is None else costs.as_of
     data = {
         "steps": {str(k): v for k, v in sorted(costs.steps.items())},
         "seen": {str(k): v for k, v in sorted(costs.seen.items())},
         "batch_factor": costs.batch_factor,
-        "saved_at": datetime.now(timezone.utc).isoformat(),
+        "saved_at": datetime.fromtimestamp(as_of, timezone.utc).isoformat(),
     }
     _write_json_quietly(path, data)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -404,13 +406,42 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
 
     monkeypatch.setattr(Engine, "_round_auto", spy)
     again = edgespec.load(smol_path, n_ctx=1024)
-    assert again._pass_costs == learnt
+    assert again._pass_costs == replace(learnt, as_of=pytest.approx(learnt.as_of))  # to the µs
     again.generate(PROMPTS[0], max_tokens=4, mode="auto")
     started_from = Costs(again.relative_cost, again.pass_sizes)
     started_from.start_from(learnt)
-    assert seen[0] == {k: started_from.steps(k) for k in learnt.steps}
+    # (aged by the seconds since: PassCosts.aged)
+    assert seen[0] == pytest.approx({k: started_from.steps(k) for k in learnt.steps}, rel=1e-3)
     unlearnt = Costs(again.relative_cost, again.pass_sizes)
     assert seen[0] != {k: unlearnt.steps(k) for k in learnt.steps}
+
+
+def test_a_generation_starts_from_the_stored_passes_as_they_have_faded_since(
+    smol_path, monkeypatch, tmp_path
+):
+    import time
+
+    import edgespec
+    from edgespec.engine import Engine
+    from edgespec.policy import PASS_HALF_LIFE_S
+    from edgespec.profile import save_pass_costs
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    key = edgespec.load(smol_path, n_ctx=512)._passes_key
+    hours_ago = time.time() - 5 * PASS_HALF_LIFE_S  # 10 passes then: a third of one now
+    save_pass_costs(*key, PassCosts({4: 9.0, 6: 9.5}, {4: 10, 6: 80}, 3.0, as_of=hours_ago))
+    started_with = []
+    first_round = Engine._round_auto
+
+    def spy(self, run, room):
+        started_with.append(dict(run.costs.pass_seen))
+        return first_round(self, run, room)
+
+    monkeypatch.setattr(Engine, "_round_auto", spy)
+    engine = edgespec.load(smol_path, n_ctx=512)
+    assert engine._pass_costs.steps == {4: 9.0, 6: 9.5}  # as stored
+    engine.generate(PROMPTS[0], max_tokens=4, mode="auto")
+    assert list(started_with[0]) == [6] and started_with[0][6] == pytest.approx(2.5, rel=0.01)
 
 
 def test_a_profile_measured_on_first_use_supersedes_the_passes_learnt_without_one(

@@ -19,7 +19,9 @@ from edgespec.policy import (
     MAX_SEEN,
     MAX_SHARE_TRIES,
     MIN_DRAFT_ROUNDS,
+    PASS_HALF_LIFE_S,
     PASS_PRIOR,
+    PASS_REFRESH_S,
     PLAIN_EVERY,
     SURE_STEPS,
     SURE_TEXT,
@@ -339,6 +341,39 @@ def test_pass_costs_are_rewritten_only_when_they_moved():
     assert not PassCosts({4: 2.8, 6: 3.7}, batch_factor=1.1).same_as(stored)
     assert not PassCosts({4: 2.4, 6: 3.7, 8: 5.9}, batch_factor=1.1).same_as(stored)
     assert not PassCosts({4: 2.4, 6: 3.7}).same_as(stored)
+
+
+def test_pass_costs_are_rewritten_when_the_stored_copy_is_old_though_nothing_moved():
+    """Else the counts of sizes in steady use would fade as if they were never timed."""
+    stored = PassCosts({4: 2.4}, {4: 10}, batch_factor=1.1, as_of=0.0)
+    assert PassCosts({4: 2.4}, {4: 10}, 1.1, as_of=PASS_REFRESH_S / 2).same_as(stored)
+    assert not PassCosts({4: 2.4}, {4: 10}, 1.1, as_of=PASS_REFRESH_S * 2).same_as(stored)
+
+
+def test_what_passes_measured_fades_with_the_hours():
+    timed = PassCosts({4: 2.4, 8: 7.3}, {4: 10, 8: 2}, batch_factor=1.1, as_of=0.0)
+    an_hour_on = timed.aged(PASS_HALF_LIFE_S)
+    assert an_hour_on.seen == {4: pytest.approx(5.0), 8: pytest.approx(1.0)}
+    assert an_hour_on.steps == timed.steps and an_hour_on.batch_factor == 1.1
+    assert an_hour_on.as_of == PASS_HALF_LIFE_S
+    # below half a pass a size is forgotten; the global correction stays
+    assert timed.aged(2.5 * PASS_HALF_LIFE_S) == PassCosts(
+        {4: 2.4}, {4: pytest.approx(10 / 2**2.5)}, 1.1, 2.5 * PASS_HALF_LIFE_S
+    )
+    assert timed.aged(-1.0) is timed and PassCosts({4: 2.4}).aged(1e9) == PassCosts({4: 2.4})
+
+
+def test_a_size_priced_out_in_a_busy_hour_comes_back_into_use_as_its_price_fades():
+    """A size priced too dear is not chosen, so not timed: only fading corrects it."""
+    sure_copy = [0.97] * 7  # a pass of 8 tokens is the best buy at the curve's prices
+    busy_hour = PassCosts({8: 3.0 * relative(8)}, {8: MAX_SEEN}, batch_factor=1.0, as_of=0.0)
+    lengths = []
+    for hours in (0, 1, 2, 5):
+        c = costs()
+        c.start_from(busy_hour.aged(hours * PASS_HALF_LIFE_S))
+        lengths.append(best_proposal_length(sure_copy, c)[0])
+    assert lengths[0] < 7 and lengths[-1] == 7
+    assert lengths == sorted(lengths)
 
 
 def test_cheaper_batches_than_the_profile_says_make_a_proposal_worth_verifying():

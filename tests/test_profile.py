@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -262,7 +263,7 @@ def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_f
 
 
 def test_measured_pass_costs_are_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
-    measured = PassCosts({4: 2.42, 6: 3.67}, {4: 10, 6: 3}, batch_factor=1.2)
+    measured = PassCosts({4: 2.42, 6: 3.67}, {4: 10, 6: 3.5}, batch_factor=1.2, as_of=1.8e9)
     assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
     save_pass_costs(model_file, 2, "0-1", measured)
     assert load_pass_costs(model_file, 2, "0-1", None) == measured
@@ -292,6 +293,14 @@ def test_what_was_measured_on_another_cpu_is_not_found(home, model_file, tmp_pat
 
     monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
     assert load_profile(model_file, n_threads=2, cpus="0-1") == profile
+
+
+def test_pass_costs_saved_without_a_time_are_as_of_their_saving(home, model_file):
+    before = time.time()
+    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, {4: 3}, batch_factor=1.2))
+    loaded = load_pass_costs(model_file, 2, "0-1", None)
+    assert loaded.as_of is not None and before - 1e-3 <= loaded.as_of <= time.time()
+    assert loaded.steps == {4: 2.42} and loaded.seen == {4: 3}
 
 
 def test_a_profile_measured_after_the_passes_supersedes_them(home, model_file):
