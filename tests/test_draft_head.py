@@ -7,8 +7,12 @@ must score exactly as in the full draft, and the output must stay the target's.
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,6 +127,36 @@ def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
     assert head.id_array.tolist() == head.ids
     head.feed(outside[:1], buffer)  # forgotten, so scored again
     assert head.ids[head.n_kept :] == [*outside[2:4], outside[0]]
+
+
+def other_threads_cpu_s() -> float:
+    """CPU seconds this process's threads other than this one have used so far (Linux)."""
+    here, ticks = threading.get_native_id(), 0
+    for task in Path("/proc/self/task").iterdir():
+        if int(task.name) != here:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_scoring_a_batch_of_rows_leaves_no_thread_spinning(narrowed):
+    """A matrix product would wake numpy's BLAS helper thread, which spins for ~0.1 s after it
+    on the cores llama.cpp's threads need: a draft's steps after such a batch took twice as long."""
+    head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
+    outside = [t for t in range(1000, 49152) if t not in set(head.ids)][:500]
+    head.feed(outside, np.empty((len(outside), head.n_embd), dtype=np.float32))
+    rng = np.random.default_rng(0)
+    kept = rng.standard_normal((32, head.n_kept), dtype=np.float32)
+    hidden = rng.standard_normal((32, head.n_embd), dtype=np.float32)
+    expected = np.stack([head.logits(k, h).copy() for k, h in zip(kept, hidden, strict=True)])
+
+    before = other_threads_cpu_s()
+    for _ in range(10):
+        scored = head.logits(kept, hidden)
+        time.sleep(0.02)
+    assert other_threads_cpu_s() - before < 0.05
+    np.testing.assert_allclose(scored, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_narrowed_draft_decodes_without_llama_cpp_warning_about_its_outputs(narrowed_engine):
