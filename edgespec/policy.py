@@ -288,7 +288,9 @@ class Costs:
         it stands now (the engine ages it: PassCosts.aged)."""
         self._steps.clear()
         self.pass_steps = {k: Ema(PASS_WEIGHT, v) for k, v in known.steps.items() if v > 0}
-        self.pass_seen = {k: min(max(known.seen.get(k, 1), 1), MAX_SEEN) for k in self.pass_steps}
+        self.pass_seen = {
+            k: min(max(known.seen.get(k, 1), FORGOTTEN_BELOW), MAX_SEEN) for k in self.pass_steps
+        }
         if known.batch_factor is not None and known.batch_factor > 0:
             self.batch_factor.value = known.batch_factor
 

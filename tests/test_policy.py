@@ -356,6 +356,12 @@ def test_what_passes_measured_fades_with_the_hours():
     assert an_hour_on.seen == {4: pytest.approx(5.0), 8: pytest.approx(1.0)}
     assert an_hour_on.steps == timed.steps and an_hour_on.batch_factor == 1.1
     assert an_hour_on.as_of == PASS_HALF_LIFE_S
+    # a faded size weighs what is left of its passes against the corrected curve
+    c = costs()
+    c.start_from(timed.aged(1.5 * PASS_HALF_LIFE_S))
+    left = 2 / 2**1.5
+    from_curve = relative(8) * 1.1
+    assert c.steps(8) == pytest.approx((left * 7.3 + PASS_PRIOR * from_curve) / (left + PASS_PRIOR))
     # below half a pass a size is forgotten; the global correction stays
     assert timed.aged(2.5 * PASS_HALF_LIFE_S) == PassCosts(
         {4: 2.4}, {4: pytest.approx(10 / 2**2.5)}, 1.1, 2.5 * PASS_HALF_LIFE_S
