@@ -144,7 +144,8 @@ def test_scoring_a_batch_of_rows_leaves_no_thread_spinning(narrowed):
     """A matrix product would wake numpy's BLAS helper thread, which spins for ~0.1 s after it
     on the cores llama.cpp's threads need: a draft's steps after such a batch took twice as long."""
     head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
-    outside = [t for t in range(1000, 49152) if t not in set(head.ids)][:500]
+    kept_ids = set(head.ids)
+    outside = [t for t in range(1000, 49152) if t not in kept_ids][:500]
     head.feed(outside, np.empty((len(outside), head.n_embd), dtype=np.float32))
     rng = np.random.default_rng(0)
     kept = rng.standard_normal((32, head.n_kept), dtype=np.float32)
