@@ -133,9 +133,13 @@ def other_threads_cpu_s() -> float:
     """CPU seconds this process's threads other than this one have used so far (Linux)."""
     here, ticks = threading.get_native_id(), 0
     for task in Path("/proc/self/task").iterdir():
-        if int(task.name) != here:
+        if int(task.name) == here:
+            continue
+        try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:  # the thread exited meanwhile
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
