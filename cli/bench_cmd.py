@@ -161,9 +161,10 @@ def _header(report: BenchReport) -> str:
     settings = report.settings
     draft = settings.draft.file if settings.draft else "none"
     decoding = "greedy" if settings.greedy else f"sampling at temperature {settings.temperature:g}"
+    attention = "without flash attention" if settings.flash_attn is False else "flash attention"
     return (
         f"target {settings.target.file}, draft {draft}, {settings.threads} threads, "
-        f"{_plural(settings.repeats, 'repeat')}, {decoding}\n"
+        f"{_plural(settings.repeats, 'repeat')}, {decoding}, {attention}\n"
         f"{report.machine['cpu']} ({_cpu_traits(report.machine)}), {settings.date}"
     )
 

@@ -16,6 +16,8 @@ from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
 from edgespec.profile import (
+    ATTENTION_CONTEXT,
+    ATTENTION_K,
     NOISY,
     DeviceProfile,
     load_profile,
@@ -120,6 +122,9 @@ def profile(
             soft_wrap=True,
         )
     for measured in (target_profile, draft_profile):
+        if measured is not None and measured.attention_s is not None:
+            console.print(attention_line(measured), soft_wrap=True)
+    for measured in (target_profile, draft_profile):
         if measured is not None and measured.noise > NOISY:
             status.print(
                 f"warning: timings of {measured.model_file} varied by {measured.noise:.0%} "
@@ -165,6 +170,17 @@ def overlap_line(r: OverlapReport) -> str:
         f"{format_cpu_list(r.target_cpus)} alone {r.target_alone_s * 1000:.1f} ms, draft on "
         f"{format_cpu_list(r.draft_cpus)} alone {r.draft_alone_s * 1000:.1f} ms): "
         f"{r.speedup:.2f}x, {verdict}"
+    )
+
+
+def attention_line(p: DeviceProfile) -> str:
+    assert p.attention_s is not None
+    with_flash, without = p.attention_s
+    chosen = "with flash attention" if p.flash_attn else "without flash attention"
+    return (
+        f"{p.model_file} attends {chosen}: a plain step and a pass of {ATTENTION_K} after "
+        f"{ATTENTION_CONTEXT} tokens took {with_flash * 1000:.0f} ms with it, "
+        f"{without * 1000:.0f} ms without ({without / with_flash:.2f}x)"
     )
 
 

@@ -255,11 +255,19 @@ class Context:
         n_batch: int = 512,
         n_seq_max: int = 1,
         pinned: PinnedThread | None = None,
+        flash_attn: bool | None = None,
     ):
+        """`flash_attn`: attention by llama.cpp's flash attention kernel or by matrix products;
+        None: llama.cpp's choice (on, for the CPU). Which is faster depends on the CPU
+        (profile.measure_attention)."""
         self.model = model
         self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
         self.n_seq_max = n_seq_max
+        self.flash_attn = flash_attn
         params = ll.llama_context_default_params()
+        if flash_attn is not None:
+            on, off = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED, ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            params.flash_attn_type = on if flash_attn else off
         # llama.cpp pads a context to at least 256 cells but clamps the batch to the size asked
         # for; ask for the padded size so a batch always fits, and enforce `n_ctx` ourselves.
         params.n_ctx = max(n_ctx, 256)

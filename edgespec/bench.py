@@ -288,8 +288,9 @@ class LlamaRunner:
     or sampling at a temperature with no other filter (as the engine's runs here).
 
     Its settings mirror the engine's target context: same file, threads for decode and batch,
-    context size and batch size, and flash attention on (the engine's context leaves it on
-    "auto", which llama.cpp turns on for the CPU; Llama's default is off).
+    context size and batch size, and attention with flash attention or without as the engine's
+    (`flash_attn`; where the target's profile did not choose, the engine leaves it to llama.cpp,
+    which turns it on for the CPU, where Llama's default is off).
     """
 
     def __init__(
@@ -301,6 +302,7 @@ class LlamaRunner:
         is_eog: Callable[[int], bool],
         lookup_tokens: int | None = None,
         temperature: float = 0.0,
+        flash_attn: bool = True,
     ):
         self.temperature = temperature
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
@@ -312,7 +314,7 @@ class LlamaRunner:
             n_threads=threads,
             n_threads_batch=threads,
             n_gpu_layers=0,
-            flash_attn=True,
+            flash_attn=flash_attn,
             draft_model=draft,
             # A draft model makes Llama keep logits for every evaluated token, but it sizes that
             # buffer by this argument: without it, a prompt longer than n_batch fails to evaluate.
@@ -478,6 +480,8 @@ class BenchSettings:
     # Sampling's temperature (0: greedy). Repeat r samples with seed r in every mode, so the
     # modes' texts come from the same draws where they draw alike.
     temperature: float = 0.0
+    # The target's attention, as its profile chose (None: llama.cpp's choice, flash attention).
+    flash_attn: bool | None = None
 
     @property
     def greedy(self) -> bool:
@@ -680,6 +684,7 @@ def run_bench(
             is_eog=engine.target.is_eog,
             lookup_tokens=lookup_tokens if mode == "llama-lookup" else None,
             temperature=temperature,
+            flash_attn=engine.target_ctx.flash_attn is not False,
         )
         for mode in modes
         if mode in LLAMA_MODES
@@ -727,6 +732,7 @@ def run_bench(
         lookup_tokens=lookup_tokens,
         seed=seed,
         temperature=temperature,
+        flash_attn=engine.target_ctx.flash_attn,
     )
     prompt_info = [
         {

@@ -279,12 +279,25 @@ class Engine:
         self.threads, self.draft_threads = threads, draft_threads
         self.target = target
         self.draft = draft
+        # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
+        self._price_passes_by(
+            load_profile(target.path, threads, format_cpu_list(self.placement.target_cpus))
+        )
+        # The draft's step time, if `edgespec profile` measured it: auto mode can then tell
+        # whether drafting can pay here before trying it.
+        self.draft_profile = (
+            load_profile(draft.path, draft_threads, format_cpu_list(self.placement.draft_cpus))
+            if draft
+            else None
+        )
+        # Each model attends as its full profile found faster here, if it was measured.
         self.target_ctx = Context(
             target,
             n_ctx=n_ctx,
             n_threads=threads,
             n_seq_max=N_SEQ_MAX,
             pinned=pinned_thread(self.placement.target_cpus, "target"),
+            flash_attn=self.profile.flash_attn if self.profile else None,
         )
         self.draft_ctx: Context | None = None
         if draft:
@@ -294,6 +307,7 @@ class Engine:
                 n_threads=draft_threads,
                 n_seq_max=N_SEQ_MAX,
                 pinned=pinned_thread(self.placement.draft_cpus, "draft"),
+                flash_attn=self.draft_profile.flash_attn if self.draft_profile else None,
             )
         self.n_ctx = self.target_ctx.n_ctx
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
@@ -308,17 +322,6 @@ class Engine:
         n_rows = draft.n_vocab + MAX_EXTRA_TOKENS if self._draft_head else self._draft_vocab
         self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates
         self._target_mask = np.empty(target.n_vocab, dtype=bool)
-        # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
-        self._price_passes_by(
-            load_profile(target.path, threads, format_cpu_list(self.placement.target_cpus))
-        )
-        # The draft's step time, if `edgespec profile` measured it: auto mode can then tell
-        # whether drafting can pay here before trying it.
-        self.draft_profile = (
-            load_profile(draft.path, draft_threads, format_cpu_list(self.placement.draft_cpus))
-            if draft
-            else None
-        )
         # Auto mode's ways of drafting with the model, and what they measured so far (here, or
         # in an earlier run on this device: a try that lost then is not repeated at once).
         self._arms_key = (

@@ -15,7 +15,7 @@ import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import cached_property
 from itertools import pairwise
@@ -59,6 +59,17 @@ NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy 
 # measured again rather than trusted.
 PROFILE_METHOD = 2
 SHUFFLE_SEED = 1234
+
+# Attention by llama.cpp's flash attention kernel, or by matrix products: which is faster depends
+# on the CPU. On a Zen 3 here (2 vCPUs, Qwen2.5-Coder-1.5B) without it a plain step after 450-1500
+# tokens of context took 8-18 % less time and passes of 4-33 tokens 10-28 % less, equal after 300;
+# on Arm Neoverse V cores llama.cpp's issue #27086 found prompts faster without, steps with. So a
+# full profile times both: a plain step and a pass of ATTENTION_K tokens after ATTENTION_CONTEXT.
+ATTENTION_CONTEXT = 512
+ATTENTION_K = 8
+ATTENTION_REPEATS = 6
+# llama.cpp's own choice (flash attention, on a CPU) stays unless the other is this much faster.
+ATTENTION_MARGIN = 0.05
 
 # T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (edge-physics.md): a steep curve, so a
 # policy planned on it drafts cautiously until the device's own curve is measured.
@@ -228,6 +239,11 @@ class DeviceProfile:
     measured_at: str  # ISO 8601, UTC
     noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
     method: int = PROFILE_METHOD  # see PROFILE_METHOD; files without it are method 1
+    # With llama.cpp's flash attention or without, as found faster here (measure_attention),
+    # the curve measured so; None: not measured (a quick profile), llama.cpp decides.
+    flash_attn: bool | None = None
+    # Seconds of a plain step and a pass of ATTENTION_K tokens: [with flash attention, without].
+    attention_s: list[float] | None = None
 
     @property
     def quick(self) -> bool:
@@ -267,7 +283,15 @@ class DeviceProfile:
             measured_at=str(data["measured_at"]),
             noise=float(data.get("noise", 0.0)),
             method=int(data.get("method", 1)),
+            flash_attn=data.get("flash_attn"),
+            attention_s=data.get("attention_s"),
         )
+        if profile.flash_attn not in (None, True, False):
+            raise ValueError("flash_attn must be true, false or absent")
+        if profile.attention_s is not None:
+            profile.attention_s = [float(s) for s in profile.attention_s]
+            if len(profile.attention_s) != 2:
+                raise ValueError("attention_s must hold two times")
         ks_ok = profile.ks == sorted(set(profile.ks)) and 1 in profile.ks
         if not ks_ok or len(profile.seconds) != len(profile.ks):
             raise ValueError("ks must be ascending, distinct, include 1 and match seconds")
@@ -532,6 +556,48 @@ def measure_profile(
     )
 
 
+def measure_attention(
+    model: Model, n_threads: int, repeats: int = ATTENTION_REPEATS
+) -> tuple[float, float]:
+    """Median seconds of a plain step plus a pass of ATTENTION_K tokens after ATTENTION_CONTEXT
+    tokens of context, (with llama.cpp's flash attention, without), in one context each, timed
+    in turns so that a change of load hits both alike."""
+    n_ctx = ATTENTION_CONTEXT + ATTENTION_K
+    rng = np.random.default_rng(SHUFFLE_SEED)
+    ids = rng.integers(0, model.n_vocab, size=n_ctx).tolist()
+    prefix, batch = ids[:ATTENTION_CONTEXT], ids[ATTENTION_CONTEXT:]
+    contexts = [
+        Context(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=with_flash)
+        for with_flash in (True, False)
+    ]
+    try:
+
+        def step_and_pass(ctx: Context) -> float:
+            start = time.perf_counter()
+            for k in (1, ATTENTION_K):
+                ctx.decode(batch[:k], ATTENTION_CONTEXT, logits="all")
+                ctx.seq_rm(0, ATTENTION_CONTEXT, -1)
+            return time.perf_counter() - start
+
+        for ctx in contexts:
+            ctx.decode(prefix, 0, logits="none")
+            step_and_pass(ctx)  # warm-up: the first passes allocate buffers
+        times: list[list[float]] = [[], []]
+        for r in range(repeats):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                times[i].append(step_and_pass(contexts[i]))
+        return statistics.median(times[0]), statistics.median(times[1])
+    finally:
+        for ctx in contexts:
+            ctx.close()
+
+
+def faster_attention(with_flash_s: float, without_s: float) -> bool:
+    """Whether to attend with flash attention, given measure_attention's times: llama.cpp's
+    choice for the CPU unless the other measured ATTENTION_MARGIN faster."""
+    return without_s >= with_flash_s * (1.0 - ATTENTION_MARGIN)
+
+
 def alternating_steps(
     contexts: Sequence[Context], rounds: int = 3, repeats: int = 8
 ) -> list[float]:
@@ -579,13 +645,21 @@ def profile_model(
         cpus = format_cpu_list(pinned)  # the canonical spelling, so that the key finds it again
 
     def measure() -> DeviceProfile:
-        ctx = Context(Model(model_path), n_ctx=n_ctx, n_threads=n_threads)
-        try:
-            if quick:
+        model = Model(model_path)
+        if quick:
+            ctx = Context(model, n_ctx=n_ctx, n_threads=n_threads)
+            try:
                 return quick_profile(ctx, n_threads, cpus)
-            return measure_profile(ctx, n_threads, cpus)
+            finally:
+                ctx.close()
+        attention_s = measure_attention(model, n_threads)
+        flash_attn = faster_attention(*attention_s)
+        ctx = Context(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        try:
+            measured = measure_profile(ctx, n_threads, cpus)
         finally:
             ctx.close()
+        return replace(measured, flash_attn=flash_attn, attention_s=list(attention_s))
 
     if pinned is None:
         return measure()

@@ -389,6 +389,45 @@ def test_the_header_names_the_generation_and_extensions(smol_path, tiny_suite, m
     assert "(Zen 4, AVX-512)" in result.stdout
 
 
+def test_llama_attends_as_the_engines_target_and_the_header_says_how(
+    smol_path, tiny_suite, tmp_path, monkeypatch
+):
+    """A fair baseline: where the target's profile found attention without flash attention
+    faster, Llama attends so too."""
+    from edgespec import bench as bench_module
+    from edgespec.cores import format_cpu_list, plan_placement
+    from edgespec.profile import DeviceProfile, save_profile
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    ks = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
+    save_profile(
+        DeviceProfile(
+            model_file=smol_path.name,
+            model_size=smol_path.stat().st_size,
+            n_threads=1,
+            cpus=format_cpu_list(plan_placement().target_cpus),
+            ks=ks,
+            seconds=[0.01 * k for k in ks],
+            measured_at="2026-01-01T00:00:00+00:00",
+            flash_attn=False,
+        )
+    )
+    told: list[bool] = []
+
+    class Runner(bench_module.LlamaRunner):
+        def __init__(self, *args, **kwargs):
+            told.append(kwargs["flash_attn"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bench_module, "LlamaRunner", Runner)
+    app = typer.Typer()
+    app.command()(bench)
+    args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
+    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "2", "-t", "1"])
+    assert result.exit_code == 0, result.output
+    assert told == [False] and "without flash attention" in result.stdout
+
+
 def test_every_engine_run_starts_with_a_draft_that_has_not_seen_the_prompt(q4_draft_engine):
     """As `edgespec run` starts: a chain run of the same prompt just before would have left the
     draft holding it, and auto, which catches the draft up while decoding, would pay less for

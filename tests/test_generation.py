@@ -239,6 +239,22 @@ def test_a_prompt_longer_than_the_context_is_rejected(smol_path):
         engine.generate("word " * 100)
 
 
+def test_a_context_attends_with_flash_attention_or_without_as_told(plain_engine):
+    """Two kernels round differently, so the logits tell which ran: unsaid, llama.cpp's choice
+    for the CPU (flash attention); told otherwise, the other, which chooses the same tokens."""
+    model = plain_engine.target
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 20, add_special=True)
+    rows = {}
+    for flash_attn in (None, True, False):
+        ctx = Context(model, n_ctx=512, n_threads=2, flash_attn=flash_attn)
+        ctx.decode(tokens, 0, logits="none")
+        rows[flash_attn] = ctx.decode(tokens[:8], len(tokens), logits="all").copy()
+        ctx.close()
+    assert np.array_equal(rows[None], rows[True])
+    assert not np.array_equal(rows[True], rows[False])
+    assert np.array_equal(rows[True].argmax(axis=1), rows[False].argmax(axis=1))
+
+
 def test_batch_logits_are_read_in_batch_order(plain_engine):
     """The engine reads all rows at once; they must match row-by-row reads (get_logits_ith)."""
     import llama_cpp

@@ -26,6 +26,7 @@ from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
 from edgespec.policy import PassCosts
 from edgespec.profile import (
+    ATTENTION_MARGIN,
     DEFAULT_RELATIVE,
     FULL_KS,
     PROFILE_METHOD,
@@ -34,10 +35,12 @@ from edgespec.profile import (
     DeviceProfile,
     current_cpus,
     curve_from_times,
+    faster_attention,
     load_auto_memory,
     load_pass_costs,
     load_pipeline_speedup,
     load_profile,
+    measure_attention,
     measure_curve,
     measure_profile,
     measure_times,
@@ -138,6 +141,17 @@ def test_a_quick_profile_fits_a_small_context(home, smol_ctx, smol_path, n_ctx, 
 def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
     p = profile_model(smol_path, n_threads=1, cpus="0", quick=True)
     assert p.cpus == "0" and p.n_threads == 1 and p.ks == list(QUICK_KS)
+
+
+def test_attention_is_timed_with_flash_attention_and_without(smol_path):
+    with_flash, without = measure_attention(Model(smol_path), n_threads=2, repeats=2)
+    assert with_flash > 0 and without > 0
+
+
+def test_flash_attention_stays_unless_attending_without_it_measured_clearly_faster():
+    assert faster_attention(1.0, 1.0) and faster_attention(0.9, 1.0)
+    assert faster_attention(1.0, 1.0 - ATTENTION_MARGIN / 2)  # within the margin: noise
+    assert not faster_attention(1.0, 1.0 - 2 * ATTENTION_MARGIN)
 
 
 # --- The curve between and beyond measured points -----------------------------------------------
@@ -318,6 +332,34 @@ def test_auto_memory_changes_only_with_what_it_would_decide():
     assert AutoMemory({}).same_as(AutoMemory({}))
 
 
+def test_the_attention_chosen_is_stored_and_an_older_profile_leaves_it_to_llama_cpp(
+    home, model_file
+):
+    save_profile(a_profile(model_file, flash_attn=False, attention_s=[0.5, 0.4]))
+    loaded = load_profile(model_file, n_threads=2, cpus="0-1")
+    assert loaded is not None and loaded.flash_attn is False and loaded.attention_s == [0.5, 0.4]
+    older = a_profile(model_file).to_dict()
+    del older["flash_attn"], older["attention_s"]
+    assert DeviceProfile.from_dict(older).flash_attn is None
+    for bad in ({"flash_attn": "off"}, {"attention_s": [0.5]}):
+        save_profile(DeviceProfile.from_dict(older))
+        path = next(profiles_dir().glob("some-model*.json"))
+        path.write_text(json.dumps({**older, **bad}))
+        assert load_profile(model_file, n_threads=2, cpus="0-1") is None
+
+
+def test_an_engine_attends_as_each_models_profile_chose(home, smol_path, smol_q4_0):
+    import edgespec
+
+    placement = plan_placement()
+    threads, cpus = len(placement.target_cpus), format_cpu_list(placement.target_cpus)
+    save_profile(a_profile(smol_path, n_threads=threads, cpus=cpus, flash_attn=False))
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    assert engine.target_ctx.flash_attn is False
+    assert engine.draft_ctx is not None and engine.draft_ctx.flash_attn is None  # no profile
+    assert engine.generate("Hi", max_tokens=4, mode="chain").stats.n_generated > 0
+
+
 def test_a_profile_without_the_step_or_with_zero_times_is_corrupt(home, model_file):
     for bad in (a_profile(model_file, ks=[2, 4], seconds=[0.1, 0.2]),
                 a_profile(model_file, seconds=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])):  # fmt: skip
@@ -349,6 +391,18 @@ def test_profile_quick_json_reports_the_curve_and_saves_it(home, runner_app, smo
     )
     assert report["draft"] is None and report["draft_cost"] is None
     assert load_profile(smol_path, n_threads=2) is not None
+
+
+def test_a_full_profile_chooses_the_attention_and_measures_every_size_with_it(
+    home, runner_app, smol_path
+):
+    result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "-t", "2"])
+    assert result.exit_code == 0, result.output
+    stored = load_profile(smol_path, n_threads=2)
+    assert stored is not None and stored.ks == list(FULL_KS) and stored.attention_s is not None
+    assert stored.flash_attn == faster_attention(*stored.attention_s)
+    chosen = "with flash attention" if stored.flash_attn else "without flash attention"
+    assert f"{smol_path.name} attends {chosen}" in result.stdout
 
 
 def test_a_quick_profile_does_not_replace_a_full_one(home, runner_app, smol_path):
