@@ -290,7 +290,7 @@ class Engine:
             if draft
             else None
         )
-        # Each model attends as its full profile found faster here, if it was measured.
+        # Each model attends as `edgespec profile` found faster here, if it was measured.
         self.target_ctx = Context(
             target,
             n_ctx=n_ctx,
@@ -383,7 +383,7 @@ class Engine:
                 say(
                     f"measuring how fast this device runs {ctx.model.path.name} (first use on "
                     "this CPU, or a profile from an older edgespec; a few seconds; `edgespec "
-                    "profile` measures in full)"
+                    "profile` measures in full, and which attention is faster)"
                 )
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 save_profile(measured)

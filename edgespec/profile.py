@@ -63,8 +63,8 @@ SHUFFLE_SEED = 1234
 # Attention by llama.cpp's flash attention kernel, or by matrix products: which is faster depends
 # on the CPU. On a Zen 3 here (2 vCPUs, Qwen2.5-Coder-1.5B) without it a plain step after 450-1500
 # tokens of context took 8-18 % less time and passes of 4-33 tokens 10-28 % less, equal after 300;
-# on Arm Neoverse V cores llama.cpp's issue #27086 found prompts faster without, steps with. So a
-# full profile times both: a plain step and a pass of ATTENTION_K tokens after ATTENTION_CONTEXT.
+# on Arm Neoverse V cores llama.cpp's issue #27086 found prompts faster without, steps with. So
+# `edgespec profile` times both: a plain step and a pass of ATTENTION_K after ATTENTION_CONTEXT.
 ATTENTION_CONTEXT = 512
 ATTENTION_K = 8
 ATTENTION_REPEATS = 6
@@ -240,7 +240,7 @@ class DeviceProfile:
     noise: float = 0.0  # see noise(): above NOISY the machine was busy while measuring
     method: int = PROFILE_METHOD  # see PROFILE_METHOD; files without it are method 1
     # With llama.cpp's flash attention or without, as found faster here (measure_attention),
-    # the curve measured so; None: not measured (a quick profile), llama.cpp decides.
+    # the curve measured so; None: not measured (the first-use profile), llama.cpp decides.
     flash_attn: bool | None = None
     # Seconds of a plain step and a pass of ATTENTION_K tokens: [with flash attention, without].
     attention_s: list[float] | None = None
@@ -635,9 +635,11 @@ def profile_model(
     quick: bool = False,
     n_ctx: int = 512,
 ) -> DeviceProfile:
-    """Load a GGUF and measure its curve. With `cpus` ("0-1"), the measurement runs on a thread
-    pinned to those CPUs (llama.cpp's worker threads inherit its affinity); the caller's own
-    affinity is left alone."""
+    """Load a GGUF, choose its attention (measure_attention) and measure its curve attending so
+    (`edgespec profile`; the first-use profile, quick_profile, leaves attention to llama.cpp:
+    prefilling its context twice would take longer than the rest). With `cpus` ("0-1"), the
+    measurement runs on a thread pinned to those CPUs (llama.cpp's worker threads inherit its
+    affinity); the caller's own affinity is left alone."""
     if n_threads < 1:
         raise BadSettingError("--threads must be at least 1")
     pinned = parse_cpu_list(cpus) if cpus is not None else None
@@ -646,17 +648,14 @@ def profile_model(
 
     def measure() -> DeviceProfile:
         model = Model(model_path)
-        if quick:
-            ctx = Context(model, n_ctx=n_ctx, n_threads=n_threads)
-            try:
-                return quick_profile(ctx, n_threads, cpus)
-            finally:
-                ctx.close()
         attention_s = measure_attention(model, n_threads)
         flash_attn = faster_attention(*attention_s)
         ctx = Context(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
         try:
-            measured = measure_profile(ctx, n_threads, cpus)
+            if quick:
+                measured = quick_profile(ctx, n_threads, cpus)
+            else:
+                measured = measure_profile(ctx, n_threads, cpus)
         finally:
             ctx.close()
         return replace(measured, flash_attn=flash_attn, attention_s=list(attention_s))

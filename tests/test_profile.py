@@ -391,6 +391,9 @@ def test_profile_quick_json_reports_the_curve_and_saves_it(home, runner_app, smo
     )
     assert report["draft"] is None and report["draft_cost"] is None
     assert load_profile(smol_path, n_threads=2) is not None
+    # The command chooses the attention even when quick (the first-use profile does not).
+    with_flash, without = report["target"]["attention_s"]
+    assert report["target"]["flash_attn"] == faster_attention(with_flash, without)
 
 
 def test_a_full_profile_chooses_the_attention_and_measures_every_size_with_it(
@@ -500,6 +503,7 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     engine.profile_if_missing(say=said.append)
     assert len(said) == 2 and all("first use" in line for line in said)
     assert engine.profile is not None and engine.relative_cost(4) == engine.profile.relative(4)
+    assert engine.profile.flash_attn is None  # attention is left to llama.cpp (see profile_model)
     assert engine.draft_profile is not None and engine.draft_profile.model_file == smol_q4_0.name
     # The caches were emptied by the measurement, and generation works on.
     assert engine.generate("Hi", max_tokens=4, mode="chain").stats.n_generated > 0
