@@ -55,7 +55,8 @@ def profile(
 
     T(k)/T(1) is what verifying k tokens costs in plain decoding steps; k / (T(k)/T(1)) is the
     speed-up if every proposal of k tokens were accepted. The draft's cost c_d is its step time
-    over the target's.
+    over the target's. Each model's attention, with llama.cpp's flash attention or without, is
+    timed first, and the faster kept for every later run.
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.engine import default_threads

@@ -399,7 +399,9 @@ def first_divergence(
     position = next((i for i in range(n) if plain[i] != other[i]), n)
     if position == len(plain) == len(other):
         return None
-    ctx = Context(engine.target, n_ctx=engine.n_ctx, n_threads=engine.threads)
+    # Attending as the engine's target does: the gap is the one its plain decoding saw.
+    target, attention = engine.target, engine.target_ctx.flash_attn
+    ctx = Context(target, n_ctx=engine.n_ctx, n_threads=engine.threads, flash_attn=attention)
     try:
         logits = ctx.decode([*prompt, *plain[:position]], 0)[-1]
         eos = engine.target.eos

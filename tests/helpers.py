@@ -13,8 +13,9 @@ from edgespec.bench import NEAR_TIE  # why a near tie may differ: see there
 
 def fresh_logits(engine, tokens: list[int], model=None) -> np.ndarray:
     """The target's (or `model`'s) next-token logits after `tokens`, from a fresh context (one
-    prefill)."""
-    ctx = Context(model or engine.target, n_ctx=engine.n_ctx, n_threads=2)
+    prefill); the target's attending as the engine's does."""
+    attention = engine.target_ctx.flash_attn if model is None else None
+    ctx = Context(model or engine.target, n_ctx=engine.n_ctx, n_threads=2, flash_attn=attention)
     try:
         return ctx.decode(tokens, 0)[-1].copy()
     finally:

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from edgespec.backend import Context
 from edgespec.bench import (
     BASELINE,
     LLAMA_MODES,
@@ -389,22 +390,21 @@ def test_the_header_names_the_generation_and_extensions(smol_path, tiny_suite, m
     assert "(Zen 4, AVX-512)" in result.stdout
 
 
-def test_llama_attends_as_the_engines_target_and_the_header_says_how(
-    smol_path, tiny_suite, tmp_path, monkeypatch
-):
-    """A fair baseline: where the target's profile found attention without flash attention
-    faster, Llama attends so too."""
-    from edgespec import bench as bench_module
+def profiled_to_attend_without_flash_attention(
+    model: Path, threads: int, home: Path, monkeypatch
+) -> None:
+    """A home whose profile of `model` found attention without flash attention faster, for the
+    engines loaded after it."""
     from edgespec.cores import format_cpu_list, plan_placement
     from edgespec.profile import DeviceProfile, save_profile
 
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
     ks = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
     save_profile(
         DeviceProfile(
-            model_file=smol_path.name,
-            model_size=smol_path.stat().st_size,
-            n_threads=1,
+            model_file=model.name,
+            model_size=model.stat().st_size,
+            n_threads=threads,
             cpus=format_cpu_list(plan_placement().target_cpus),
             ks=ks,
             seconds=[0.01 * k for k in ks],
@@ -412,6 +412,38 @@ def test_llama_attends_as_the_engines_target_and_the_header_says_how(
             flash_attn=False,
         )
     )
+
+
+def test_the_gap_at_a_divergence_is_read_attending_as_the_engines_target(
+    smol_path, tmp_path, monkeypatch
+):
+    """Flash attention's logits differ from the other kernel's (by up to 0.7 on SmolLM2): a
+    target attending without it has its gap read without it too."""
+    import edgespec
+
+    profiled_to_attend_without_flash_attention(smol_path, 2, tmp_path, monkeypatch)
+    engine = edgespec.load(smol_path, n_ctx=512, threads=2)
+    assert engine.target_ctx.flash_attn is False
+    prompt = engine.prompt_tokens("Write a haiku about the sea.")
+    plain = engine.generate(prompt, max_tokens=8, mode="target").tokens
+    at = 4
+    ctx = Context(engine.target, n_ctx=512, n_threads=2, flash_attn=False)
+    logits = ctx.decode([*prompt, *plain[:at]], 0)[-1].copy()
+    ctx.close()
+    second = int(np.argsort(logits)[-2])
+    parted = first_divergence(engine, prompt, plain, [*plain[:at], second])
+    assert parted is not None and parted.position == at
+    assert parted.gap == pytest.approx(float(logits[plain[at]] - logits[second]), abs=1e-4)
+
+
+def test_llama_attends_as_the_engines_target_and_the_header_says_how(
+    smol_path, tiny_suite, tmp_path, monkeypatch
+):
+    """A fair baseline: where the target's profile found attention without flash attention
+    faster, Llama attends so too."""
+    from edgespec import bench as bench_module
+
+    profiled_to_attend_without_flash_attention(smol_path, 1, tmp_path, monkeypatch)
     told: list[bool] = []
 
     class Runner(bench_module.LlamaRunner):

@@ -148,6 +148,23 @@ def test_attention_is_timed_with_flash_attention_and_without(smol_path):
     assert with_flash > 0 and without > 0
 
 
+def test_the_curve_is_measured_attending_the_way_found_faster(smol_path, monkeypatch):
+    import edgespec.profile as profile_module
+
+    monkeypatch.setattr(profile_module, "measure_attention", lambda model, n_threads: (0.5, 0.4))
+    attending: list[bool | None] = []
+    measure = profile_module.measure_profile
+
+    def recorded(ctx: Context, *args, **kwargs) -> DeviceProfile:
+        attending.append(ctx.flash_attn)
+        return measure(ctx, *args, **kwargs)
+
+    monkeypatch.setattr(profile_module, "measure_profile", recorded)
+    measured = profile_model(smol_path, n_threads=2, quick=True)
+    assert attending == [False] and measured.flash_attn is False
+    assert measured.attention_s == [0.5, 0.4]
+
+
 def test_flash_attention_stays_unless_attending_without_it_measured_clearly_faster():
     assert faster_attention(1.0, 1.0) and faster_attention(0.9, 1.0)
     assert faster_attention(1.0, 1.0 - ATTENTION_MARGIN / 2)  # within the margin: noise
