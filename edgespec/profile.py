@@ -62,7 +62,8 @@ SHUFFLE_SEED = 1234
 
 # Attention by llama.cpp's flash attention kernel, or by matrix products: which is faster depends
 # on the CPU. On a Zen 3 here (2 vCPUs, Qwen2.5-Coder-1.5B) without it a plain step after 450-1500
-# tokens of context took 8-18 % less time and passes of 4-33 tokens 10-28 % less, equal after 300;
+# tokens of context took 8-18 % less time and passes of 2-33 tokens up to 28 % less (one of 4
+# after 800 tokens 7 % more), even after 300;
 # on Arm Neoverse V cores llama.cpp's issue #27086 found prompts faster without, steps with. So
 # `edgespec profile` times both: a plain step and a pass of ATTENTION_K after ATTENTION_CONTEXT.
 ATTENTION_CONTEXT = 512
