@@ -34,7 +34,6 @@ from .policy import (
     Costs,
     LossBudget,
     ModelOrNgram,
-    PassCosts,
     best_pass_size,
     best_proposal_length,
     worth_drafting_on,
@@ -46,13 +45,13 @@ from .profile import (
     DeviceProfile,
     alternating_steps,
     load_auto_memory,
-    load_pass_costs,
+    load_batch_factor,
     load_pipeline_speedup,
     load_profile,
     quick_profile,
     relative_cost,
     save_auto_memory,
-    save_pass_costs,
+    save_batch_factor,
     save_profile,
 )
 from .sampling import (
@@ -95,6 +94,9 @@ DRAFT_TIMING_STEPS = 6  # one-token draft evaluations timed where a remembered c
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 SCHEDULERS = ("pacer", "greedy")
 PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
+# Within this fraction of the stored one, a generation's pass factor is the same (timing noise):
+# the stored file is rewritten only when it moved by more.
+PASS_FACTOR_TOLERANCE = 0.05
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
 LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
@@ -335,9 +337,9 @@ class Engine:
             for name in (("chain", "tree") if draft else ())
         ]
         self.ceiling_share = CeilingShare(self._memory.share_total, self._memory.share_tries)
-        # What auto mode's generations measured of the target's passes here, kept up to date.
+        # How far auto mode's passes of the target here were from its curve, kept up to date.
         self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
-        self._pass_costs = load_pass_costs(*self._passes_key, self.profile)
+        self._batch_factor = load_batch_factor(*self._passes_key, self.profile)
         # A plain step as auto mode's last generation left it: its arms are judged against it,
         # and one step timed at the start of each answer is noisy (35 against 40 tok/s here).
         self._step_s: float | None = None
@@ -390,8 +392,8 @@ class Engine:
                 self.forget_caches()  # the measurement cleared this context
                 measured_now = True
             if role == "target":
-                if measured_now:  # passes learnt before are older than this curve
-                    self._pass_costs = PassCosts()
+                if measured_now:  # passes timed before are older than this curve
+                    self._batch_factor = None
                 self._price_passes_by(measured)
             else:
                 self.draft_profile = measured
@@ -537,7 +539,7 @@ class Engine:
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost, self.pass_sizes)
-        run.costs.start_from(self._pass_costs.aged(time.time()))
+        run.costs.start_from(self._batch_factor)
         if cfg.mode == "auto":
             run.policy = AutoPolicy(
                 run.costs, self.model_arms, pipelined=run.pipeline, share=self.ceiling_share
@@ -603,12 +605,16 @@ class Engine:
             self._memory = memory
 
     def _remember_passes(self, costs: Costs) -> None:
-        """Keep what auto mode's passes measured (it times plain steps to compare them with) for
-        the next generation and the next run."""
-        learnt = costs.learnt(now=time.time())
-        if learnt.steps and not learnt.same_as(self._pass_costs):
-            save_pass_costs(*self._passes_key, learnt)
-            self._pass_costs = learnt
+        """Keep how far auto mode's passes (it times plain steps to compare them with) were from
+        the curve, for the next generation and the next run; the file is written only when it
+        moved by more than timing noise (PASS_FACTOR_TOLERANCE)."""
+        factor, known = costs.batch_factor.value, self._batch_factor
+        if factor is None or (
+            known is not None and abs(factor - known) <= PASS_FACTOR_TOLERANCE * known
+        ):
+            return
+        save_batch_factor(*self._passes_key, factor)
+        self._batch_factor = factor
 
     def _native_s(self) -> float:
         """Seconds both contexts have spent inside llama.cpp's decode so far."""

@@ -41,24 +41,6 @@ SUREST = 0.99
 # 1.14-1.37x under a ceiling of ~1.6 (a share of 0.7-0.85).
 SHARE_PRIOR_TRIES = 2.0
 MAX_SHARE_TRIES = 8.0
-# A measured pass cost follows new passes of its size this fast: the load moves within minutes.
-PASS_WEIGHT = 0.2
-# It counts as this many passes' worth against the corrected curve, and at most MAX_SEEN passes
-# count for it: what one pass measured moves the price a quarter of the way.
-PASS_PRIOR = 3
-MAX_SEEN = 10
-# What earlier runs measured of a size fades: every PASS_HALF_LIFE_S the passes its stored price
-# rests on count half as much, and below FORGOTTEN_BELOW passes it is forgotten (priced by the
-# corrected curve until it is timed again, then by its new passes alone). The shape of
-# the curve moves with the load within an hour here (a pass of 6 at 2.92 steps in a profile, 3.67
-# in the passes an hour later), and a size priced dear is not chosen, so not timed: without
-# fading, ten passes timed in a busy minute would price their size for good. Sizes in use are
-# timed every answer and stay fresh.
-PASS_HALF_LIFE_S = 3600.0
-# What a run learnt is stored again once the stored copy is this old, even if no price moved:
-# else the counts of sizes in steady use would fade as if they were never timed.
-PASS_REFRESH_S = PASS_HALF_LIFE_S / 8
-FORGOTTEN_BELOW = 0.5
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16
 # tokens on the same code here, and with a memory of 3 rounds (weight 0.3) two short chains
@@ -163,16 +145,17 @@ class Costs:
     sizes: tuple[int, ...] = ()
     step_s: Ema = field(default_factory=Ema)  # one plain target step
     draft_s: Ema = field(default_factory=Ema)  # one draft model evaluation
-    # Measured passes of k > 1 tokens over what the curve says they cost. A profile is measured
-    # at a few k on a machine whose load changes, and interpolated between them: here its 5-token
-    # pass was 3.07 steps where the passes of a generation took 2.72.
+    # Measured passes of k > 1 tokens over what the curve says they cost: one factor for every
+    # size, so the curve's shape, measured in paired timings at one context length, stays as the
+    # profile measured it. Pricing each size by its own passes as well (drawn towards the
+    # corrected curve until several agreed) let one dear timing of a size keep it out of use:
+    # not chosen, so not timed again. A pass of 27 timed at 14.5 steps where the profile said 9.3
+    # (10.1 measured again after 600 tokens) had `auto` verify 22 tokens at a time on the edits;
+    # replayed on a bench run's outputs at that curve's prices it made 1.38x plain on
+    # add-type-hints against 1.57 with one factor, and live (two processes of 2 repeats,
+    # alternated) the edits made 1.31 / 1.53 / 1.35x plain with each size's own prices against
+    # 1.43 / 1.87 / 1.25 with one factor (2026-11-26).
     batch_factor: Ema = field(default_factory=lambda: Ema(weight=0.1))
-    # Passes of k tokens in plain steps, for each k this device's passes measured: the shape of
-    # the curve moves with the load too. Here a profile from a busy hour said T(6)/T(1) 2.92 where
-    # passes took 3.67 an hour later, which made 5-token n-gram proposals look better than
-    # 3-token ones: 1.26 vs 1.34 tokens per step on an edit.
-    pass_steps: dict[int, Ema] = field(default_factory=dict)
-    pass_seen: dict[int, float] = field(default_factory=dict)  # passes each rests on, capped
     # Rounds whose draft steps were timed in this generation; before the first, draft_s is an
     # estimate from profiles or an earlier run, if anything.
     draft_rounds: int = 0
@@ -229,33 +212,15 @@ class Costs:
         return self.sizes[i] if i < len(self.sizes) else k
 
     def steps(self, k: int) -> float:
-        """A pass of k tokens in plain steps: as measured here if such passes were, else the
-        curve, corrected by how far the measured passes were from it. A size the profile did not
-        measure costs at least what the next measured size up costs, that size's passes included
-        (its own passes, where a whole proposal of its length was verified, may make it dearer):
-        priced by the curve and the global correction alone while the passes of 16 came out
-        dearer, a pass of 15 looked cheaper than one of 16 and was verified in its place."""
+        """A pass of k tokens in plain steps: the curve, corrected by how far the measured passes
+        were from it. A size the profile did not measure costs what the next measured size up
+        costs (relative)."""
         if k <= 1:
             return 1.0
         value = self._steps.get(k)
         if value is None:
-            value = self._own_steps(k)
-            size = self._measured_size(k)
-            if size != k:
-                value = max(value, self.steps(size))
-            self._steps[k] = value
+            value = self._steps[k] = self.relative(k) * (self.batch_factor.value or 1.0)
         return value
-
-    def _own_steps(self, k: int) -> float:
-        """A pass of k tokens by its own passes, drawn towards the corrected curve."""
-        from_curve = self.relative(k) * (self.batch_factor.value or 1.0)
-        measured = self.pass_steps.get(k)
-        if measured is None or measured.value is None:
-            return from_curve
-        # Drawn towards the corrected curve until several passes agree: on a shared machine one
-        # slow pass must not price a size out of use for good (a size not chosen is not timed).
-        seen = self.pass_seen.get(k, 1)
-        return (seen * measured.value + PASS_PRIOR * from_curve) / (seen + PASS_PRIOR)
 
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
@@ -263,82 +228,22 @@ class Costs:
 
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
-        if k > 1 and self.step_s.value is not None:
+        # Only sizes the profile measured: elsewhere the curve prices, it did not measure.
+        if k > 1 and self.step_s.value is not None and self._measured_size(k) == k:
             self._steps.clear()
-            steps = seconds / self.step_s.value
-            if self._measured_size(k) == k:  # elsewhere the curve prices, it did not measure
-                self.batch_factor.update(steps / self.relative(k))
-            self.pass_steps.setdefault(k, Ema(weight=PASS_WEIGHT)).update(steps)
-            self.pass_seen[k] = min(self.pass_seen.get(k, 0) + 1, MAX_SEEN)
+            self.batch_factor.update(seconds / self.step_s.value / self.relative(k))
 
     def record_pass_as_step(self, k: int, seconds: float) -> None:
         """A pass of k tokens, where no plain step is ever timed (chain and tree modes): scaled
         down by what such a pass costs in steps, it stands for one."""
         self.step_s.update(seconds / self.steps(k))
 
-    def learnt(self, now: float | None = None) -> PassCosts:
-        """What this generation's passes measured, to start the next generation from; `now`:
-        the time it stands at (PassCosts.aged)."""
-        steps = {k: ema.value for k, ema in self.pass_steps.items() if ema.value is not None}
-        seen = {k: self.pass_seen.get(k, 1) for k in steps}
-        return PassCosts(steps, seen, self.batch_factor.value, now)
-
-    def start_from(self, known: PassCosts) -> None:
-        """Begin with what earlier generations measured (this generation's passes move it), as
-        it stands now (the engine ages it: PassCosts.aged)."""
+    def start_from(self, batch_factor: float | None) -> None:
+        """Begin with the correction earlier generations measured (this generation's passes
+        move it)."""
         self._steps.clear()
-        self.pass_steps = {k: Ema(PASS_WEIGHT, v) for k, v in known.steps.items() if v > 0}
-        self.pass_seen = {
-            k: min(max(known.seen.get(k, 1), FORGOTTEN_BELOW), MAX_SEEN) for k in self.pass_steps
-        }
-        if known.batch_factor is not None and known.batch_factor > 0:
-            self.batch_factor.value = known.batch_factor
-
-
-@dataclass
-class PassCosts:
-    """Passes of k tokens in plain steps as generations measured them on this device (see
-    Costs.pass_steps), and how far from the profile's curve they were overall."""
-
-    steps: dict[int, float] = field(default_factory=dict)
-    seen: dict[int, float] = field(default_factory=dict)  # how many passes each rests on
-    batch_factor: float | None = None
-    as_of: float | None = None  # when the counts stood as they are (Unix seconds); None: now
-
-    # Within this fraction of each other, two measurements are the same (noisy timings): the
-    # stored file is rewritten only when something moved by more.
-    TOLERANCE = 0.05
-
-    def same_as(self, other: PassCosts) -> bool:
-        def close(a: float | None, b: float | None) -> bool:
-            if a is None or b is None:
-                return a is b
-            return abs(a - b) <= self.TOLERANCE * b
-
-        return (
-            self.steps.keys() == other.steps.keys()
-            and all(close(v, other.steps[k]) for k, v in self.steps.items())
-            and close(self.batch_factor, other.batch_factor)
-            and not self._newer_than(other, PASS_REFRESH_S)
-        )
-
-    def _newer_than(self, other: PassCosts, seconds: float) -> bool:
-        if self.as_of is None or other.as_of is None:
-            return False
-        return self.as_of - other.as_of > seconds
-
-    def aged(self, now: float) -> PassCosts:
-        """These costs as they stand at `now`: each size's count of passes halved every
-        PASS_HALF_LIFE_S since `as_of`, and the sizes left resting on less than FORGOTTEN_BELOW
-        forgotten (see PASS_HALF_LIFE_S)."""
-        if self.as_of is None or now <= self.as_of:
-            return self
-        fade = 0.5 ** ((now - self.as_of) / PASS_HALF_LIFE_S)
-        seen = {k: self.seen.get(k, 1) * fade for k in self.steps}
-        kept = [k for k in self.steps if seen[k] >= FORGOTTEN_BELOW]
-        return PassCosts(
-            {k: self.steps[k] for k in kept}, {k: seen[k] for k in kept}, self.batch_factor, now
-        )
+        if batch_factor is not None and batch_factor > 0:
+            self.batch_factor.value = batch_factor
 
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:

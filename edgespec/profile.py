@@ -34,7 +34,6 @@ from .cores import (
     parse_cpu_list,
 )
 from .errors import BadSettingError
-from .policy import PassCosts
 
 # Every size: auto verifies passes only of sizes measured here (policy.Costs.sizes), and the
 # curve is not smooth (on a Zen 4 here T(15) 10.2, T(16) 8.2, T(17) 10.2 steps).
@@ -374,40 +373,31 @@ def _passes_path(target: Path, n_threads: int, cpus: str) -> Path | None:
     return profiles_dir() / f"passes-{key}.json"
 
 
-def load_pass_costs(
+def load_batch_factor(
     target: str | Path, n_threads: int, cpus: str, profile: DeviceProfile | None
-) -> PassCosts:
-    """What generations measured of this target's passes here (policy.Costs.pass_steps); empty
-    if unknown, unreadable, or older than the profile (a new `edgespec profile` supersedes it):
-    never an error."""
+) -> float | None:
+    """How far auto mode's passes of this target here were from its profile's curve
+    (policy.Costs.batch_factor); None if unknown, unreadable, or older than the profile (a new
+    `edgespec profile` supersedes it): never an error."""
     path = _passes_path(Path(target), n_threads, cpus)
     try:
         data = json.loads(path.read_text("utf-8")) if path else {}
         saved_at = datetime.fromisoformat(data["saved_at"])
         if profile is not None and saved_at < datetime.fromisoformat(profile.measured_at):
-            return PassCosts()
-        factor = data.get("batch_factor")
-        steps = {int(k): float(v) for k, v in data["steps"].items() if float(v) > 0}
-        seen = {int(k): float(v) for k, v in data.get("seen", {}).items() if int(k) in steps}
-        factor = float(factor) if factor is not None and float(factor) > 0 else None
-        return PassCosts(steps, seen, factor, saved_at.timestamp())
+            return None
+        factor = float(data["batch_factor"])
+        return factor if factor > 0 else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return PassCosts()
+        return None
 
 
-def save_pass_costs(target: str | Path, n_threads: int, cpus: str, costs: PassCosts) -> None:
-    """Keep for the next run (errors are ignored), as of `costs.as_of` (else now)."""
+def save_batch_factor(target: str | Path, n_threads: int, cpus: str, factor: float) -> None:
+    """Keep for the next run (errors are ignored)."""
     path = _passes_path(Path(target), n_threads, cpus)
     if path is None:
         return
-    as_of = datetime.now(timezone.utc).timestamp() if costs.as_of is None else costs.as_of
-    data = {
-        "steps": {str(k): v for k, v in sorted(costs.steps.items())},
-        "seen": {str(k): v for k, v in sorted(costs.seen.items())},
-        "batch_factor": costs.batch_factor,
-        "saved_at": datetime.fromtimestamp(as_of, timezone.utc).isoformat(),
-    }
-    _write_json_quietly(path, data)
+    saved_at = datetime.now(timezone.utc).isoformat()
+    _write_json_quietly(path, {"batch_factor": factor, "saved_at": saved_at})
 
 
 def _write_json_quietly(path: Path, data: Mapping[str, Any]) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from edgespec.cli.app import main
-from edgespec.policy import PassCosts
 
 from .helpers import hear_ctrl_c, tensor_types, write_tiny_gguf
 
@@ -49,7 +48,7 @@ def test_no_ngram_leaves_a_chain_to_the_model_and_the_summary_counts_rounds(
     # passes as an earlier test stored them, leave them to timing noise: a fresh-clone CI run
     # on a Zen 3 chose the chain in all 19 rounds).
     monkeypatch.setattr("edgespec.engine.load_profile", lambda *args: None)
-    monkeypatch.setattr("edgespec.engine.load_pass_costs", lambda *args: PassCosts())
+    monkeypatch.setattr("edgespec.engine.load_batch_factor", lambda *args: None)
     monkeypatch.setattr("edgespec.engine.Engine.profile_if_missing", lambda self, say: None)
     models = ("-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain")
     choices = {}

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
 from edgespec import policy
 from edgespec.backend import Context
-from edgespec.policy import Costs, ModelOrNgram, PassCosts
+from edgespec.policy import Costs, ModelOrNgram
 from edgespec.tree import TokenTree, verification_batch
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -38,7 +36,7 @@ def price_passes_with_the_default_curve(engine, monkeypatch) -> None:
 
     monkeypatch.setattr(engine, "relative_cost", default_curve)
     monkeypatch.setattr(engine, "pass_sizes", DEFAULT_SIZES)
-    monkeypatch.setattr(engine, "_pass_costs", PassCosts())
+    monkeypatch.setattr(engine, "_batch_factor", None)
 
 
 def price_passes_with_a_flat_curve(engine, monkeypatch) -> None:
@@ -46,7 +44,7 @@ def price_passes_with_a_flat_curve(engine, monkeypatch) -> None:
     what it grew, where a dear curve would leave its unlikely nodes out of the pass."""
     monkeypatch.setattr(engine, "relative_cost", lambda k: 1 + 0.02 * (k - 1))
     monkeypatch.setattr(engine, "pass_sizes", ())  # a smooth curve: it holds at every size
-    monkeypatch.setattr(engine, "_pass_costs", PassCosts())
+    monkeypatch.setattr(engine, "_batch_factor", None)
 
 
 def grow_trees_by_llmcads_triggers_alone(engine, monkeypatch) -> None:
@@ -386,79 +384,46 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     smol_path, monkeypatch, tmp_path
 ):
     """A profile is one hour's curve; the passes auto mode makes (here: n-gram proposals of a
-    copy) measure the present one, and the next generation and the next engine start from it."""
+    copy) measure how far the present is from it, and the next generation and the next engine
+    start from that."""
     import edgespec
     from edgespec.engine import Engine
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     first = edgespec.load(smol_path, n_ctx=1024)
     assert first.generate(COPY_PROMPT, max_tokens=60, mode="auto").stats.choices.get("ngram")
-    learnt = first._pass_costs
-    # Passes in plain steps, as timed (on a Zen 5 a pass of 2 of this tiny model took 1.0).
-    assert learnt.steps and all(steps > 0 for steps in learnt.steps.values())
+    learnt = first._batch_factor
+    assert learnt is not None and learnt > 0  # passes over the curve's price, as timed
 
-    seen = []
-    first_round = Engine._round_auto
-
-    def spy(self, run, room):
-        seen.append({k: run.costs.steps(k) for k in learnt.steps})
-        return first_round(self, run, room)
-
-    monkeypatch.setattr(Engine, "_round_auto", spy)
-    again = edgespec.load(smol_path, n_ctx=1024)
-    assert again._pass_costs == replace(learnt, as_of=pytest.approx(learnt.as_of))  # to the µs
-    again.generate(PROMPTS[0], max_tokens=4, mode="auto")
-    started_from = Costs(again.relative_cost, again.pass_sizes)
-    started_from.start_from(learnt)
-    # (aged by the seconds since: PassCosts.aged)
-    assert seen[0] == pytest.approx({k: started_from.steps(k) for k in learnt.steps}, rel=1e-3)
-    unlearnt = Costs(again.relative_cost, again.pass_sizes)
-    assert seen[0] != {k: unlearnt.steps(k) for k in learnt.steps}
-
-
-def test_a_generation_starts_from_the_stored_passes_as_they_have_faded_since(
-    smol_path, monkeypatch, tmp_path
-):
-    import time
-
-    import edgespec
-    from edgespec.engine import Engine
-    from edgespec.policy import PASS_HALF_LIFE_S
-    from edgespec.profile import save_pass_costs
-
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    key = edgespec.load(smol_path, n_ctx=512)._passes_key
-    hours_ago = time.time() - 5 * PASS_HALF_LIFE_S  # 10 passes then: a third of one now
-    save_pass_costs(*key, PassCosts({4: 9.0, 6: 9.5}, {4: 10, 6: 80}, 3.0, as_of=hours_ago))
     started_with = []
     first_round = Engine._round_auto
 
     def spy(self, run, room):
-        started_with.append(dict(run.costs.pass_seen))
+        started_with.append((run.costs.batch_factor.value, run.costs.steps(4)))
         return first_round(self, run, room)
 
     monkeypatch.setattr(Engine, "_round_auto", spy)
-    engine = edgespec.load(smol_path, n_ctx=512)
-    assert engine._pass_costs.steps == {4: 9.0, 6: 9.5}  # as stored
-    engine.generate(PROMPTS[0], max_tokens=4, mode="auto")
-    assert list(started_with[0]) == [6] and started_with[0][6] == pytest.approx(2.5, rel=0.01)
+    again = edgespec.load(smol_path, n_ctx=1024)
+    assert again._batch_factor == pytest.approx(learnt)
+    again.generate(PROMPTS[0], max_tokens=4, mode="auto")
+    assert started_with[0] == pytest.approx((learnt, again.relative_cost(4) * learnt))
 
 
-def test_a_profile_measured_on_first_use_supersedes_the_passes_learnt_without_one(
+def test_a_profile_measured_on_first_use_supersedes_the_passes_timed_without_one(
     smol_path, monkeypatch, tmp_path
 ):
     import edgespec
     from edgespec.engine import Engine
-    from edgespec.profile import save_pass_costs
+    from edgespec.profile import save_batch_factor
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     key = edgespec.load(smol_path, n_ctx=512)._passes_key  # where this engine keeps them
-    save_pass_costs(*key, PassCosts({4: 9.0}, {4: 10}, batch_factor=3.0))
+    save_batch_factor(*key, 3.0)
     engine = edgespec.load(smol_path, n_ctx=512)
-    assert engine._pass_costs.steps == {4: 9.0}  # no profile yet: nothing newer than them
+    assert engine._batch_factor == 3.0  # no profile yet: nothing newer than them
     engine.profile_if_missing()
-    assert engine.profile is not None and engine._pass_costs == PassCosts()
-    assert Engine(engine.target)._pass_costs == PassCosts()  # nor for the next engine
+    assert engine.profile is not None and engine._batch_factor is None
+    assert Engine(engine.target)._batch_factor is None  # nor for the next engine
 
 
 def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
@@ -538,7 +503,7 @@ def flat_device(engine, draft_cost: float) -> None:
     engine.relative_cost = lambda k: 1 + 0.02 * (k - 1)
     engine.pass_sizes = ()  # a smooth curve: it holds at every size
     engine.profile, engine.draft_profile = profile(1.0), profile(draft_cost)
-    engine._pass_costs = PassCosts()  # nor what earlier generations' passes measured
+    engine._batch_factor = None  # nor what earlier generations' passes measured
 
 
 @pytest.mark.parametrize("prompt", [PROMPTS[0], COPY_PROMPT])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from edgespec.cores import cpu_identity, format_cpu_list, plan_placement
 from edgespec.drafts import DraftChoice, choice_path, copy_path
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
-from edgespec.policy import PassCosts
 from edgespec.profile import (
     ATTENTION_MARGIN,
     DEFAULT_RELATIVE,
@@ -37,7 +35,7 @@ from edgespec.profile import (
     curve_from_times,
     faster_attention,
     load_auto_memory,
-    load_pass_costs,
+    load_batch_factor,
     load_pipeline_speedup,
     load_profile,
     measure_curve,
@@ -49,7 +47,7 @@ from edgespec.profile import (
     quick_profile,
     relative_cost,
     save_auto_memory,
-    save_pass_costs,
+    save_batch_factor,
     save_profile,
 )
 
@@ -287,17 +285,21 @@ def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_f
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 16}, 0.3)
 
 
-def test_measured_pass_costs_are_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
-    measured = PassCosts({4: 2.42, 6: 3.67}, {4: 10, 6: 3.5}, batch_factor=1.2, as_of=1.8e9)
-    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
-    save_pass_costs(model_file, 2, "0-1", measured)
-    assert load_pass_costs(model_file, 2, "0-1", None) == measured
-    assert load_pass_costs(model_file, 2, "0-1", a_profile(model_file)) == measured  # older
-    assert load_pass_costs(model_file, 1, "0-1", None) == PassCosts()
-    assert load_pass_costs(model_file, 2, "0", None) == PassCosts()
-    assert load_pass_costs(tmp_path / "gone.gguf", 2, "0-1", None) == PassCosts()
-    next(profiles_dir().glob("passes-*.json")).write_text('{"steps": {"4": "x"}}')
-    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+def test_the_measured_pass_factor_is_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
+    assert load_batch_factor(model_file, 2, "0-1", None) is None
+    save_batch_factor(model_file, 2, "0-1", 1.2)
+    assert load_batch_factor(model_file, 2, "0-1", None) == 1.2
+    assert load_batch_factor(model_file, 2, "0-1", a_profile(model_file)) == 1.2  # older
+    assert load_batch_factor(model_file, 1, "0-1", None) is None
+    assert load_batch_factor(model_file, 2, "0", None) is None
+    assert load_batch_factor(tmp_path / "gone.gguf", 2, "0-1", None) is None
+    stored = next(profiles_dir().glob("passes-*.json"))
+    stored.write_text('{"batch_factor": "x", "saved_at": "2026-11-26T00:00:00+00:00"}')
+    assert load_batch_factor(model_file, 2, "0-1", None) is None
+    # an older edgespec's file, with each size's own prices: its factor is read, they are not
+    older = {"steps": {"27": 14.5}, "seen": {"27": 1.2}, "batch_factor": 1.02}
+    stored.write_text(json.dumps({**older, "saved_at": "2026-11-26T00:00:00+00:00"}))
+    assert load_batch_factor(model_file, 2, "0-1", None) == 1.02
 
 
 def test_what_was_measured_on_another_cpu_is_not_found(home, model_file, tmp_path, monkeypatch):
@@ -308,30 +310,22 @@ def test_what_was_measured_on_another_cpu_is_not_found(home, model_file, tmp_pat
     monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
     profile = a_profile(model_file)
     save_profile(profile)
-    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, {4: 3}, batch_factor=1.2))
+    save_batch_factor(model_file, 2, "0-1", 1.2)
     save_auto_memory(model_file, draft, 2, "0-1", AutoMemory({"chain": 64}, draft_cost=0.3))
 
     monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 4, AVX-512")
     assert load_profile(model_file, n_threads=2, cpus="0-1") is None
-    assert load_pass_costs(model_file, 2, "0-1", None) == PassCosts()
+    assert load_batch_factor(model_file, 2, "0-1", None) is None
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})
 
     monkeypatch.setattr("edgespec.profile.cpu_identity", lambda: "AMD EPYC, Zen 5, AVX-512")
     assert load_profile(model_file, n_threads=2, cpus="0-1") == profile
 
 
-def test_pass_costs_saved_without_a_time_are_as_of_their_saving(home, model_file):
-    before = time.time()
-    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, {4: 3}, batch_factor=1.2))
-    loaded = load_pass_costs(model_file, 2, "0-1", None)
-    assert loaded.as_of is not None and before - 1e-3 <= loaded.as_of <= time.time()
-    assert loaded.steps == {4: 2.42} and loaded.seen == {4: 3}
-
-
 def test_a_profile_measured_after_the_passes_supersedes_them(home, model_file):
-    save_pass_costs(model_file, 2, "0-1", PassCosts({4: 2.42}, batch_factor=1.2))
+    save_batch_factor(model_file, 2, "0-1", 1.2)
     remeasured = a_profile(model_file, measured_at="2999-01-01T00:00:00+00:00")
-    assert load_pass_costs(model_file, 2, "0-1", remeasured) == PassCosts()
+    assert load_batch_factor(model_file, 2, "0-1", remeasured) is None
 
 
 def test_auto_memory_changes_only_with_what_it_would_decide():
