@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.ngram import NgramDrafter
-from edgespec.policy import MARGIN, Costs, LossBudget, best_proposal_length
+from edgespec.policy import NGRAM_MARGIN, Costs, LossBudget, best_proposal_length
 
 
 @dataclass
@@ -64,7 +64,7 @@ def replay(
         drafter.watch(proposal, position)
         if oracle:
             length, rate = right, float("inf")
-        if length > 0 and rate > MARGIN / costs.verify_s(1):  # auto's test: beat a plain step
+        if length > 0 and rate > NGRAM_MARGIN / costs.verify_s(1):  # auto's test: beat a plain step
             steps += costs.relative(length + 1)
             passes[length + 1] += 1
             position += min(right, length) + 1

@@ -344,10 +344,12 @@ def test_ngram_length_grows_with_expected_acceptance_and_uses_the_curve():
 
 
 def test_auto_takes_an_ngram_proposal_only_when_it_promises_more_than_a_plain_step():
+    """With no margin: the proposal is free, and the loss budget bounds what its passes lose."""
     policy = AutoPolicy(costs())
     plain = policy.plain_rate()
     assert policy.choose(ngram_rate=plain * 1.5) == "ngram"
-    assert policy.choose(ngram_rate=plain * 1.01) == "plain"
+    assert policy.choose(ngram_rate=plain * 1.01) == "ngram"
+    assert policy.choose(ngram_rate=plain * 0.99) == "plain"
     assert policy.choose(ngram_rate=None) == "plain"
 
 
@@ -640,6 +642,7 @@ def test_auto_takes_an_ngram_proposal_over_a_paying_arm_only_where_it_promises_m
     policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
     try_arm(policy, "chain", tokens=3, seconds=0.05)  # 60 tok/s against plain's 33
     assert policy.choose(ngram_rate=45.0) == "chain"  # beats plain decoding, not the chain
+    assert policy.choose(ngram_rate=61.0) == "chain"  # not by MARGIN: rounds of either are noisy
     assert policy.choose(ngram_rate=90.0) == "ngram"
 
 
