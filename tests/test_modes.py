@@ -408,6 +408,20 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     again.generate(PROMPTS[0], max_tokens=4, mode="auto")
     assert started_with[0] == pytest.approx((learnt, again.relative_cost(4) * learnt))
 
+    # Stored again only when it moved by more than timing noise.
+    from edgespec.profile import load_batch_factor
+
+    def stored() -> float | None:
+        return load_batch_factor(*again._passes_key, again.profile)
+
+    moved = Costs(again.relative_cost, again.pass_sizes)
+    moved.start_from(learnt * 1.02)
+    again._remember_passes(moved)
+    assert stored() == pytest.approx(learnt)
+    moved.start_from(learnt * 1.2)
+    again._remember_passes(moved)
+    assert stored() == pytest.approx(learnt * 1.2) and again._batch_factor == stored()
+
 
 def test_a_profile_measured_on_first_use_supersedes_the_passes_timed_without_one(
     smol_path, monkeypatch, tmp_path
