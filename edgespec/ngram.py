@@ -135,24 +135,27 @@ class NgramDrafter:
         """Judge each watched token as soon as the token at its position is decided: a proposal
         inside copied text can run 16 tokens, and waiting for all of them before learning
         anything kept auto mode on plain steps for 35 rounds of a quoting task."""
-        pending = []
+        pending, n_tokens = [], len(tokens)
         for w in self._watched:
-            proposal, stats = w.proposal, self._position_stats(w.proposal.ngram, w.proposal.streak)
-            decided = min(len(tokens) - w.start, len(proposal.tokens))
-            while not w.missed and w.judged < decided:
-                w.missed = int(tokens[w.start + w.judged]) != proposal.tokens[w.judged]
-                _count(stats[_bucket(w.judged)], accepted=not w.missed)
-                if w.missed:
-                    self._copy_broke(tokens, proposal, w.judged, w.start + w.judged)
-                elif not proposal.replaced[w.judged]:
-                    self._pointer = proposal.origins[w.judged] + 1
-                w.judged += 1
+            proposal = w.proposal
+            decided = min(n_tokens - w.start, len(proposal.tokens))
+            if not w.missed and w.judged < decided:  # a round decides one or a few tokens
+                stats = self._position_stats(proposal.ngram, proposal.streak)
+                while not w.missed and w.judged < decided:
+                    w.missed = int(tokens[w.start + w.judged]) != proposal.tokens[w.judged]
+                    _count(stats[_bucket(w.judged)], accepted=not w.missed)
+                    if w.missed:
+                        self._copy_broke(tokens, proposal, w.judged, w.start + w.judged)
+                    elif not proposal.replaced[w.judged]:
+                        self._pointer = proposal.origins[w.judged] + 1
+                    w.judged += 1
             if w.missed or w.judged >= min(len(proposal.tokens), STREAK_AFTER):
                 self._streak = not w.missed
             if not w.missed and w.judged < len(proposal.tokens):
                 pending.append(w)
         self._watched = pending
-        self._learn_replacements(tokens)
+        if self._breaks:
+            self._learn_replacements(tokens)
 
     def _copy_broke(
         self, tokens: Sequence[int], proposal: Proposal, index: int, position: int
@@ -172,16 +175,18 @@ class NgramDrafter:
         """A broken copy whose source resumes within MAX_REPLACEMENT tokens: what the target
         wrote before it is the source token's replacement. (Also where that ends with the source
         token itself, an insertion before it: excluding those cost 0.04x on the rename replay and
-        changed no other prompt; a rule that fails once is forgotten.)"""
-        waiting = []
+        changed no other prompt; a rule that fails once is forgotten.) Each break tries every
+        length once, as the tokens it needs arrive."""
+        waiting, n_tokens = [], len(tokens)
         for b in self._breaks:
-            for m in range(1, MAX_REPLACEMENT + 1):
+            for m in range(b.tried + 1, MAX_REPLACEMENT + 1):
                 end = b.position + m + RESUME
-                if end > len(tokens):
+                if end > n_tokens:
                     waiting.append(b)
                     break
-                if [int(t) for t in tokens[b.position + m : end]] == b.after:
-                    written = tuple(int(t) for t in tokens[b.position : b.position + m])
+                b.tried = m
+                if list(map(int, tokens[b.position + m : end])) == b.after:
+                    written = tuple(map(int, tokens[b.position : b.position + m]))
                     self.replacements[b.source] = written
                     break
         self._breaks = waiting[-MAX_WATCHED:]
@@ -251,9 +256,15 @@ class NgramDrafter:
         replacement in place of its source token."""
         out, origins, replaced = proposal.tokens, proposal.origins, proposal.replaced
         replacements = self.replacements
+        source = tokens[start : start + max_len]
+        if replacements.keys().isdisjoint(source):  # most rounds: a plain slice
+            out.extend(map(int, source))
+            origins.extend(range(start, start + len(out)))
+            replaced.extend([False] * len(out))
+            return
         for position in range(start, len(tokens)):
             token = int(tokens[position])
-            written = replacements.get(token) if replacements else None
+            written = replacements.get(token)
             if written is None:
                 out.append(token)
                 origins.append(position)
@@ -301,6 +312,7 @@ class _Break:
     source: int  # the source token the proposal had where the target wrote something else
     after: list[int]  # the RESUME source tokens after it
     position: int  # where the target's own tokens begin
+    tried: int = 0  # replacement lengths checked so far (1..tried did not resume the source)
 
 
 @dataclass

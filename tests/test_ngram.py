@@ -300,6 +300,18 @@ def test_a_break_after_which_the_source_does_not_resume_teaches_no_replacement()
     assert drafter.replacements == {}
 
 
+def test_a_replacement_is_learnt_as_well_from_tokens_decided_one_round_at_a_time():
+    """As in decoding: the break is judged first, the replacement and the resumed source come a
+    token per round; each replacement length is tried once, as its tokens arrive."""
+    drafter, decided = renaming_drafter()
+    history = decided[: len(SOURCE) + 2]
+    for token in decided[len(history) :]:
+        history.append(token)
+        drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    assert drafter.replacements == {50: (60, 61)}
+    assert drafter.propose([*history, 4], max_len=3).tokens == [60, 61, 5]
+
+
 def test_after_text_of_its_own_the_copy_resumes_where_it_broke_not_at_the_latest_match():
     """An edit that adds a docstring after each def line: after the second docstring the latest
     match of the text's end is in the first function just written ("... ret a"), while the copy
