@@ -25,6 +25,7 @@ from edgespec.bench import (
     engine_runner,
     first_divergence,
     load_prompts,
+    paired_ratio,
     plain_spread,
     run_bench,
 )
@@ -228,6 +229,16 @@ def test_a_ratio_bar_marks_one_x_and_grows_with_the_ratio():
     assert ratio_bar(1.0, 2.0, width=10) == "█████│    "
     assert ratio_bar(0.5, 2.0, width=10) == "██   │    "
     assert ratio_bar(2.0, 2.0, width=10) == "█████│████"
+
+
+def test_a_ratio_pairs_each_repeat_with_plain_decoding_in_the_same_repeat():
+    # The machine sped up from one repeat to the next (plain decoding 10, 20, 30 tok/s): the
+    # repeats' pairs say 1.1, 0.9 and 1.2, and the ratio is their median, where the two medians
+    # (18 against 20 tok/s) would say 0.9, comparing runs of different repeats.
+    assert paired_ratio([11.0, 18.0, 36.0], [10.0, 20.0, 30.0]) == pytest.approx(1.1)
+    # A repeat in which plain decoding made nothing is left out; with none left, no ratio.
+    assert paired_ratio([12.0, 5.0], [10.0, 0.0]) == pytest.approx(1.2)
+    assert paired_ratio([12.0], [0.0]) is None
 
 
 def test_the_run_says_how_much_plain_decodings_own_repeats_differed(report):
