@@ -1067,7 +1067,8 @@ class Engine:
             token, row = self._plain_step(run)
             costs.step_s.update(time.perf_counter() - t0)
             if policy.can_pay:  # how sure the target is says when to probe the draft
-                policy.record_plain_step(top_candidates(row, 1, self._target_mask)[0][1])
+                top = token if run.sampling.greedy else None  # greedy: the argmax, known
+                policy.record_plain_step(top_candidates(row, 1, self._target_mask, top)[0][1])
             run.last_choice = choice
             return [token]
         seconds = time.perf_counter() - t0

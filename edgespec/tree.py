@@ -205,7 +205,7 @@ NEGLIGIBLE_NATS = 16.0
 
 
 def top_candidates(
-    logits: np.ndarray, n: int, near_mask: np.ndarray | None = None
+    logits: np.ndarray, n: int, near_mask: np.ndarray | None = None, first: int | None = None
 ) -> list[tuple[int, float]]:
     """The draft's n most probable tokens (fewer if fewer lie within NEGLIGIBLE_NATS of the
     best), most probable first, with their probabilities; the lower token id first among
@@ -217,13 +217,26 @@ def top_candidates(
     size relative (1.7 % for Qwen's vocabulary if every token sat just below the cut; in practice
     nothing). These probabilities only steer drafting; verification never uses them.
     `near_mask`, a bool array of the vocabulary's size, is reused for the cut: a fresh one would
-    be a 150 KB allocation at every draft step.
+    be a 150 KB allocation at every draft step. `first`: the argmax, where the caller has it
+    (a plain step's token): a second scan of the row would cost as much as the first.
     """
-    first = int(logits.argmax())
+    if first is None:
+        first = int(logits.argmax())
     best = logits[first]
     if near_mask is None:
         near_mask = np.empty(logits.shape, dtype=bool)
-    near = np.greater(logits, best - NEGLIGIBLE_NATS, out=near_mask).nonzero()[0]
+    np.greater(logits, best - NEGLIGIBLE_NATS, out=near_mask)
+    if n <= 1:
+        # The argmax's probability alone: its rivals' logits gathered by the mask (their indices
+        # would be one more pass over it) and summed by the ufunc (`.sum()` is one more Python
+        # call): each numpy call right after a decode costs microseconds.
+        weights = logits[near_mask]
+        if weights.size == 1:
+            return [(first, 1.0)]
+        weights -= best
+        np.exp(weights, out=weights)  # the argmax's weight is exactly 1
+        return [(first, 1.0 / float(np.add.reduce(weights)))]
+    near = near_mask.nonzero()[0]
     if near.size == 1:
         return [(first, 1.0)]
     # In place on the gathered copy: each numpy call right after a decode costs microseconds
@@ -231,9 +244,7 @@ def top_candidates(
     weights = logits[near]
     weights -= best
     np.exp(weights, out=weights)  # the argmax's weight is exactly 1
-    total = float(weights.sum())
-    if n <= 1:
-        return [(first, 1.0 / total)]
+    total = float(np.add.reduce(weights))
     # The tokens at least as probable as the n-th (ties at the cut included, so that the lower
     # ids win), then plain Python: right after a decode every numpy call costs microseconds
     # (measured in a tree run: ~10 µs each), more than sorting a handful of pairs.

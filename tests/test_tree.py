@@ -147,6 +147,21 @@ def test_top_candidates_match_a_full_sort_of_the_softmax(scale: float) -> None:
             assert [p for _, p in got] == pytest.approx([probs[t] for t, _ in got], rel=1e-3)
 
 
+def test_the_argmax_alone_has_the_probability_it_has_among_more_candidates() -> None:
+    # n = 1 takes a shorter way (the engine asks it after every draft step and plain step): it
+    # must say what the n > 1 way says of the argmax, bit for bit, and so with the argmax given.
+    rng = np.random.default_rng(3)
+    for scale in (0.5, 3.0, 8.0):
+        logits = rng.normal(0.0, scale, 5_000).astype(np.float32)
+        first = int(logits.argmax())
+        alone = top_candidates(logits, 1)
+        assert alone == top_candidates(logits, 3)[:1]
+        assert alone == top_candidates(logits, 1, first=first)
+    peaked = np.full(5_000, -30.0, dtype=np.float32)
+    peaked[42] = 0.0
+    assert top_candidates(peaked, 1) == top_candidates(peaked, 1, first=42) == [(42, 1.0)]
+
+
 CANDIDATES = [(10, 0.6), (20, 0.35), (30, 0.05)]
 
 
