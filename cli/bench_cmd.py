@@ -19,7 +19,8 @@ from edgespec.bench import BASELINE, NEAR_TIE, BenchReport, ClassSummary, Progre
 from . import options as opt
 
 LEGEND = (
-    "× plain: speed over plain decoding in this run; accept %: proposed tokens accepted; mean acc.:"
+    "× plain: speed over plain decoding in the same repeat of this run (the median over repeats);"
+    " accept %: proposed tokens accepted; mean acc.:"
     " accepted per verification; pass/tok: target passes per token; draft/pass: draft model"
     " evaluations per target pass; py ms/pass: edgespec's own time per target pass (outside"
     " llama.cpp); same plain: prompts whose text equals plain decoding (any other is"
