@@ -1065,7 +1065,7 @@ class Engine:
             decided = self._round_tree(run, room, proposal if run.sampling.greedy else None)
         else:
             token, row = self._plain_step(run)
-            costs.step_s.update(time.perf_counter() - t0)
+            costs.record_step(time.perf_counter() - t0)
             if policy.can_pay:  # how sure the target is says when to probe the draft
                 top = token if run.sampling.greedy else None  # greedy: the argmax, known
                 policy.record_plain_step(top_candidates(row, 1, self._target_mask, top)[0][1])

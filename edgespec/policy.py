@@ -93,6 +93,16 @@ SURE_STEPS = 10
 # again and never timed again: every later code answer of that engine decoded plainly
 # (2026-11-24, 0.97-1.00x where chains made 1.1).
 MIN_DRAFT_ROUNDS = 4
+# The pass factor (Costs.batch_factor) is measured only by passes, and it decides whether passes
+# are made: here T(4)/T(1) came out 2.0-3.1 over ten minutes (a profile's 2.25), and a slow
+# stretch of chains left a factor of 1.36 stored. At that price no n-gram proposal paid and the
+# model's ceiling (1.09 x its share 0.83) shut the gate, so no pass came to measure it again:
+# palindrome decoded 158 plain steps where its n-gram rounds had gained 1-2 % minutes before,
+# and every later run of that engine and device started there. So each plain step draws the
+# factor back towards the profile's, which its paired timings measured at once: half-way in
+# this many plain steps (4 s here), about half a code answer; passes correct it again.
+FACTOR_HALF_LIFE = 64
+FACTOR_RELAX = 1.0 - 0.5 ** (1.0 / FACTOR_HALF_LIFE)
 
 
 @dataclass
@@ -231,6 +241,15 @@ class Costs:
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
         return self.step_s.value * self.steps(k)
+
+    def record_step(self, seconds: float) -> None:
+        """A plain step took `seconds`; the pass factor, unmeasured by it, drifts back towards
+        the profile (FACTOR_HALF_LIFE)."""
+        self.step_s.update(seconds)
+        factor = self.batch_factor.value
+        if factor is not None:
+            self.batch_factor.value = factor + FACTOR_RELAX * (1.0 - factor)
+            self._steps.clear()
 
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""

@@ -423,6 +423,30 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     assert stored() == pytest.approx(learnt * 1.2) and again._batch_factor == stored()
 
 
+def test_a_dear_pass_factor_no_pass_measures_again_is_not_kept_for_good(
+    smol_path, monkeypatch, tmp_path
+):
+    """A busy stretch left passes priced at 5x the curve; at that price nothing is verified in a
+    pass, so no pass measures it again. The plain steps draw it back, and the next run starts
+    from there."""
+    import edgespec
+    from edgespec.ngram import NgramDrafter, Proposal
+    from edgespec.policy import FACTOR_HALF_LIFE
+    from edgespec.profile import load_batch_factor, save_batch_factor
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    key = edgespec.load(smol_path, n_ctx=512)._passes_key
+    save_batch_factor(*key, 5.0)
+    engine = edgespec.load(smol_path, n_ctx=512)
+    assert engine._batch_factor == 5.0
+    # No proposal at all, so no pass: only plain steps, whatever the text repeats.
+    monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, k: Proposal([], 0, 0.0))
+    result = engine.generate(PROMPTS[0], max_tokens=FACTOR_HALF_LIFE + 2, mode="auto")
+    assert result.stats.choices == {"plain": FACTOR_HALF_LIFE}  # after two steps that time one
+    assert engine._batch_factor == pytest.approx(3.0, rel=0.01)  # half-way back to 1
+    assert load_batch_factor(*key, engine.profile) == engine._batch_factor
+
+
 def test_a_profile_measured_on_first_use_supersedes_the_passes_timed_without_one(
     smol_path, monkeypatch, tmp_path
 ):

@@ -12,6 +12,7 @@ import pytest
 from edgespec.policy import (
     ANSWER_SHARE,
     CEILING_MARGIN,
+    FACTOR_HALF_LIFE,
     FIRST_PROBE_EVERY,
     KEEP_MARGIN,
     LOSS_ALLOWANCE,
@@ -267,6 +268,45 @@ def test_what_passes_measured_carries_over_to_the_next_generation():
     unknown = Costs(relative)
     unknown.start_from(None)
     assert unknown.steps(8) == relative(8)
+
+
+def test_a_pass_factor_no_pass_measures_drifts_back_to_the_profile_in_plain_steps():
+    """A dear stretch left passes priced 1.36x the profile, and at that price nothing verified a
+    pass to correct it: each plain step draws the factor back, half-way in FACTOR_HALF_LIFE."""
+    c = costs(step_s=0.03)
+    c.start_from(1.36)
+    assert c.steps(4) == pytest.approx(relative(4) * 1.36)
+    for _ in range(FACTOR_HALF_LIFE):
+        c.record_step(0.03)
+    assert c.batch_factor.value == pytest.approx(1.18)
+    assert c.steps(4) == pytest.approx(relative(4) * 1.18)  # priced anew, not as cached
+    for _ in range(FACTOR_HALF_LIFE):
+        c.record_step(0.03)
+    assert c.batch_factor.value == pytest.approx(1.09)
+    c.record_pass(4, 0.03 * relative(4) * 1.5)  # a pass measures it again
+    assert c.batch_factor.value == pytest.approx(1.09 + 0.1 * (1.5 - 1.09))
+    cheap = costs(step_s=0.03)
+    cheap.start_from(0.8)  # from below as well: a fast stretch does not last either
+    for _ in range(FACTOR_HALF_LIFE):
+        cheap.record_step(0.03)
+    assert cheap.batch_factor.value == pytest.approx(0.9)
+    unknown = costs(step_s=0.03)
+    unknown.record_step(0.03)  # nothing measured, nothing to relax: the profile's curve
+    assert unknown.batch_factor.value is None and unknown.steps(4) == relative(4)
+
+
+def test_a_stale_dear_pass_factor_reopens_the_gate_for_model_drafts():
+    """At 1.36x the profile a model chain's ceiling cannot pay (the gate shuts, no chain is
+    tried and no pass timed); after some plain steps the factor is back where tries decide."""
+    c = costs(step_s=0.03, draft_s=0.012)  # a draft step 0.4 of a target step
+    c.start_from(1.36)
+    policy = AutoPolicy(c, [Arm("chain")])
+    assert not policy.models_can_pay()
+    steps = 0
+    while not policy.models_can_pay():
+        c.record_step(0.03)
+        steps += 1
+    assert steps < 2 * FACTOR_HALF_LIFE
 
 
 def half_a_step_a_token() -> Costs:
