@@ -182,8 +182,6 @@ class Costs:
     draft_steps: Ema = field(default_factory=Ema)
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
-    # steps(k) until the next pass is recorded: each round prices up to 33 sizes, twice.
-    _steps: dict[int, float] = field(default_factory=dict, repr=False)
 
     def estimate_draft_step(self, seconds: float) -> None:
         """What a draft step should cost, from profiles or an earlier run, until one is timed."""
@@ -233,10 +231,7 @@ class Costs:
         costs (relative)."""
         if k <= 1:
             return 1.0
-        value = self._steps.get(k)
-        if value is None:
-            value = self._steps[k] = self.relative(k) * (self.batch_factor.value or 1.0)
-        return value
+        return self.relative(k) * (self.batch_factor.value or 1.0)
 
     def verify_s(self, k: int) -> float:
         assert self.step_s.value is not None
@@ -249,13 +244,11 @@ class Costs:
         factor = self.batch_factor.value
         if factor is not None:
             self.batch_factor.value = factor + FACTOR_RELAX * (1.0 - factor)
-            self._steps.clear()
 
     def record_pass(self, k: int, seconds: float) -> None:
         """A verification pass of k tokens took `seconds` (inside llama.cpp)."""
         # Only sizes the profile measured: elsewhere the curve prices, it did not measure.
         if k > 1 and self.step_s.value is not None and self._measured_size(k) == k:
-            self._steps.clear()
             self.batch_factor.update(seconds / self.step_s.value / self.relative(k))
 
     def record_pass_as_step(self, k: int, seconds: float) -> None:
@@ -266,7 +259,6 @@ class Costs:
     def start_from(self, batch_factor: float | None) -> None:
         """Begin with the correction earlier generations measured (this generation's passes
         move it)."""
-        self._steps.clear()
         if batch_factor is not None and batch_factor > 0:
             self.batch_factor.value = batch_factor
 
