@@ -279,7 +279,7 @@ def test_a_pass_factor_no_pass_measures_drifts_back_to_the_profile_in_plain_step
     for _ in range(FACTOR_HALF_LIFE):
         c.record_step(0.03)
     assert c.batch_factor.value == pytest.approx(1.18)
-    assert c.steps(4) == pytest.approx(relative(4) * 1.18)  # priced anew, not as cached
+    assert c.steps(4) == pytest.approx(relative(4) * 1.18)  # passes are priced at it
     for _ in range(FACTOR_HALF_LIFE):
         c.record_step(0.03)
     assert c.batch_factor.value == pytest.approx(1.09)
