@@ -446,6 +446,17 @@ class Context:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move the cells of `seq` at positions [p0, p1) by `delta` (p1 = -1: to the end);
+        llama.cpp rotates their keys to the new positions inside the next decode."""
+        ll.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def know(self, tokens: Sequence[int]) -> None:
+        """Tokens of the text this context is not fed: a narrowed draft scores those outside its
+        kept set as it would had it been fed them (NarrowedHead.learn)."""
+        if self._head is not None:
+            self._head.learn(tokens)
+
     def seq_keep(self, seq: int) -> None:
         ll.llama_memory_seq_keep(self._mem, seq)
 

@@ -226,11 +226,15 @@ class NarrowedHead:
         the batches of the decode loop are a few tokens (a chain round's first: 142 -> 52 µs here),
         where each numpy call right after a decode costs more than the loop; a prompt's rows
         are a ctypes call each anyway."""
+        self.learn(tokens)
+        self.embeddings.into_address(tokens, dst)
+
+    def learn(self, tokens: Sequence[int]) -> None:
+        """The tokens outside the kept set become extras: the text holds them."""
         known = self._known
         unknown = [int(token) for token in tokens if not known[token]]
         if unknown:
             self._add_extras(list(dict.fromkeys(unknown)))
-        self.embeddings.into_address(tokens, dst)
 
     def _add_extras(self, tokens: list[int]) -> None:
         if self.n_extra + len(tokens) > MAX_EXTRA_TOKENS:  # a long chat: start again

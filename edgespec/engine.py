@@ -92,6 +92,15 @@ MAX_AHEAD = MAX_AUTO_DRAFT
 AHEAD_MIN_REACH = 0.1
 DRAFT_TIMING_STEPS = 6  # one-token draft evaluations timed where a remembered cost shuts the gate
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
+# A draft behind the text by more than DRAFT_SINK + DRAFT_WINDOW tokens (a prompt, in chain and
+# tree modes; what auto decided without it) is caught up on the text's first DRAFT_SINK tokens
+# (the chat template's start, the request's first words) and its last DRAFT_WINDOW only. At ~8 ms
+# a token here, catching up on a summary's 300-token prompt took 2.6 of a chain's 12 s, and on
+# code it kept auto from trying a chain at all (it passed the 5 % of the answer allowed for it).
+# The draft proposes as well from the recent tokens on code; on a long text it proposes less,
+# where the n-gram drafter copies. (docs/speed.md, "A draft that sees the recent text only")
+DRAFT_SINK = 32
+DRAFT_WINDOW = 24
 SCHEDULERS = ("pacer", "greedy")
 PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machine load
 # Within this fraction of the stored one, a generation's pass factor is the same (timing noise):
@@ -247,6 +256,16 @@ class _Ahead:
 
 
 DEFAULT_SIZES = tuple(sorted(DEFAULT_RELATIVE))
+
+
+def catch_up_positions(
+    cached: int, end: int, sink: int = DRAFT_SINK, window: int = DRAFT_WINDOW
+) -> list[int]:
+    """The positions of [cached, end) a draft evaluates to catch up: all of them, or those of the
+    text's first `sink` tokens it lacks and its last `window` where there are more."""
+    if end - cached <= sink + window:
+        return list(range(cached, end))
+    return [*range(cached, min(sink, end - window)), *range(end - window, end)]
 
 
 def _default_curve(k: int) -> float:
@@ -532,7 +551,7 @@ class Engine:
             # inside the answer). Apart from the root, as the rounds after it evaluate theirs:
             # a root row computed inside a prompt's batch differs in the last bits, and sampling
             # with a seed would draft differently from a cold cache than from a warm one.
-            self._reuse(self.draft_ctx, "_draft_cache", prefix)
+            self._reuse(self.draft_ctx, "_draft_cache", prefix, window=True)
             run.draft_cached = len(prefix)
         run.sampling = cfg.sampling
         run.rng = run.sampling.make_rng()
@@ -620,22 +639,61 @@ class Engine:
         """Seconds both contexts have spent inside llama.cpp's decode so far."""
         return self.target_ctx.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0)
 
-    def _reuse(self, ctx: Context, attr: str, prefix: list[int], evaluate: bool = True) -> int:
+    def _reuse(
+        self,
+        ctx: Context,
+        attr: str,
+        prefix: list[int],
+        evaluate: bool = True,
+        window: bool = False,
+    ) -> int:
         """Keep the longest cached start of `prefix` in sequence 0 and evaluate the rest (unless
-        not `evaluate`); returns how many tokens were already there."""
+        not `evaluate`; the draft: only its start and end with `window`, `_draft_catch_up`);
+        returns how many tokens were already there."""
         cached: list[int] = getattr(self, attr)
         keep = 0
         limit = min(len(cached), len(prefix))
         while keep < limit and cached[keep] == prefix[keep]:
             keep += 1
+        if keep < len(cached) and ctx.seq_pos_min(0) > 0:
+            # A draft caught up with a window (its cells moved over the text it skipped) holds
+            # the start of `cached` only as far as that text: start again.
+            keep = 0
         ctx.seq_rm(0, keep)
         setattr(self, attr, [])  # unknown until the evaluation below completes
         if not evaluate:
             prefix = prefix[:keep]
+        elif window and keep < len(prefix):
+            self._draft_catch_up(prefix, keep, logits="none")
         elif keep < len(prefix):
             ctx.decode(prefix[keep:], keep, logits="none")
         setattr(self, attr, list(prefix))
         return keep
+
+    def _draft_catch_up(
+        self, tokens: list[int], cached: int, logits: str
+    ) -> tuple[np.ndarray, int]:
+        """Bring the draft, which holds `tokens[:cached]`, up to all of `tokens`, feeding it only
+        the `catch_up_positions`; returns `decode`'s rows and how many tokens it was fed.
+
+        llama.cpp takes a batch only right after the last position cached, so the skipped span
+        is not left as a gap: every cell already cached moves forward over it first. Attention
+        under RoPE depends on distances alone, and llama.cpp rotates the moved keys inside the
+        next decode: here, timed as catching up, not as the next draft step. The skipped tokens'
+        rare words stay known to a narrowed draft (`Context.know`)."""
+        ctx = self.draft_ctx
+        assert ctx is not None
+        end = len(tokens)
+        where = catch_up_positions(cached, end)
+        if len(where) == end - cached:
+            return ctx.decode(tokens[cached:], cached, logits=logits), len(where)
+        start = end - DRAFT_WINDOW
+        head = tokens[cached : cached + len(where) - DRAFT_WINDOW]  # of the first DRAFT_SINK
+        if head:
+            ctx.decode(head, cached, logits="none")
+        ctx.know(tokens[cached + len(head) : start])
+        ctx.seq_add(0, 0, -1, start - cached - len(head))
+        return ctx.decode(tokens[start:], start, logits=logits), len(where)
 
     def forget_caches(self) -> None:
         """Empty both caches; the next generation evaluates its whole prompt."""
@@ -859,17 +917,17 @@ class Engine:
     def _draft_root(self, run: _Run) -> np.ndarray:
         """The draft's logits after the root (the last committed token), with the committed
         tokens it has not evaluated yet in the same batch: those decided without it (auto's
-        plain and n-gram rounds) or a chain's last accepted token. Their share of the batch's
-        time, priced per token, is kept as `run.catch_up_s`."""
+        plain and n-gram rounds; the recent ones, where there are many: `_draft_catch_up`) or a
+        chain's last accepted token. Their share of the batch's time, priced per token, is kept
+        as `run.catch_up_s`."""
         assert self.draft_ctx is not None
         if run.ahead is not None:  # a tree, or a chain with no room, after a pipelined chain
             self._drop_ahead(run)
-        feed = run.tokens[run.draft_cached :]
         t0 = time.perf_counter()
-        row = self.draft_ctx.decode(feed, run.draft_cached)[-1]
-        run.catch_up_s = (time.perf_counter() - t0) * (len(feed) - 1) / len(feed)
+        rows, n_fed = self._draft_catch_up(run.tokens, run.draft_cached, logits="last")
+        run.catch_up_s = (time.perf_counter() - t0) * (n_fed - 1) / n_fed
         run.draft_cached = len(run.tokens)
-        return row
+        return rows[-1]
 
     def _verify_chain(
         self,
@@ -1135,10 +1193,11 @@ class Engine:
 
     def _catch_up_s(self, run: _Run) -> float:
         """Seconds the draft would spend evaluating the tokens decided without it (auto's plain
-        and n-gram rounds) before it could draft: one prefill batch, priced per token like the
-        largest pass of its curve. 0 while a draft step's cost is unknown."""
+        and n-gram rounds; those `catch_up_positions` feeds it) before it could draft: one
+        prefill batch, priced per token like the largest pass of its curve. 0 while a draft
+        step's cost is unknown."""
         draft_s = run.costs.draft_s.value if run.policy else None
-        behind = len(run.tokens) - 1 - run.draft_cached
+        behind = len(catch_up_positions(run.draft_cached, len(run.tokens))) - 1
         if draft_s is None or behind <= 0:
             return 0.0
         if self.draft_profile:

@@ -22,6 +22,7 @@ from edgespec import draft_head
 from edgespec.backend import Context, Model, _native_log, row_dequantizer
 from edgespec.draft_head import NarrowedHead, TableRows, narrowed_path
 from edgespec.drafts import narrow
+from edgespec.engine import DRAFT_SINK, DRAFT_WINDOW
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
 from edgespec.sampling import SamplingParams
@@ -198,6 +199,27 @@ def test_the_narrowed_draft_guesses_the_rare_words_of_its_text(narrowed, smol_q4
     assert len(rare) >= 3
     hits = sum(guesses[i - 1] == tokens[i] for i in rare)
     assert hits >= len(rare) * 2 // 3, f"{hits} of {len(rare)} rare tokens guessed"
+
+
+def test_a_narrowed_draft_caught_up_on_the_ends_of_a_text_still_knows_the_rare_words_between(
+    smol_path, narrowed
+):
+    """A draft far behind is fed only the start and end of the text (engine._draft_catch_up);
+    the names in between are still scored, as if it had been fed them, for where the answer
+    repeats them."""
+    engine = edgespec.load(smol_path, draft=narrowed, n_ctx=N_CTX)
+    head = engine.draft.head
+    filler = "The weather was mild and nothing happened. " * 3
+    prompt = engine.prompt_tokens(f"{filler}\n{TEXT}\n{filler}\nWhich city is named above?")
+    skipped = range(DRAFT_SINK, len(prompt) - 1 - DRAFT_WINDOW)
+    fed = {prompt[i] for i in range(len(prompt)) if i not in skipped}
+    rare = {prompt[i] for i in skipped if not head._known[prompt[i]]} - fed
+    assert len(rare) >= 3
+
+    engine.generate(prompt, max_tokens=4, mode="chain", draft_max=2)
+
+    assert engine.draft_ctx.seq_pos_min(0) == len(skipped)  # the middle was not evaluated
+    assert rare <= set(head.ids[head.n_kept :])
 
 
 def test_sampling_with_a_narrowed_draft_keeps_the_target_distribution(narrowed_engine):

@@ -7,6 +7,7 @@ import pytest
 
 from edgespec import policy
 from edgespec.backend import Context
+from edgespec.engine import DRAFT_SINK, DRAFT_WINDOW, catch_up_positions
 from edgespec.policy import Costs, ModelOrNgram
 from edgespec.tree import TokenTree, verification_batch
 
@@ -176,14 +177,18 @@ def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_toke
     grow_trees_by_llmcads_triggers_alone(engine, monkeypatch)
     original = engine._round_tree_mode
     checked = []
+    # From an empty cache the draft is caught up on the prompt's start and end only; its cells
+    # were moved over the skipped middle (engine._draft_catch_up).
+    engine.forget_draft_cache()
+    skipped = max(len(engine.prompt_tokens(prompt)) - 1 - DRAFT_SINK - DRAFT_WINDOW, 0)
 
     def round_and_check(run, room):
         decided = original(run, room)
-        for ctx, cached in (
-            (engine.target_ctx, run.target_cached),
-            (engine.draft_ctx, run.draft_cached),
+        for ctx, cached, first in (
+            (engine.target_ctx, run.target_cached, 0),
+            (engine.draft_ctx, run.draft_cached, skipped),
         ):
-            assert ctx.seq_pos_min(0) == 0 and ctx.seq_pos_max(0) == cached - 1
+            assert ctx.seq_pos_min(0) == first and ctx.seq_pos_max(0) == cached - 1
             assert all(ctx.seq_pos_max(s) == -1 for s in range(1, ctx.n_seq_max))
             # the decided tokens are appended after the round; the last of them, the new root, is
             # in neither cache yet
@@ -205,6 +210,73 @@ def test_after_every_tree_mode_round_each_cache_holds_exactly_the_committed_toke
         assert result.stats.choices.get("ngram", 0) > 0
     if prompt == COPY_PROMPT and not ngram_rounds:  # n-gram branches alone carried some text
         assert result.stats.tree.grafted_accepted > 0
+
+
+def test_a_draft_a_few_tokens_behind_catches_up_on_all_of_them_and_one_far_behind_on_the_ends():
+    assert catch_up_positions(10, 50, sink=32, window=24) == list(range(10, 50))
+    assert catch_up_positions(0, 100, sink=32, window=24) == [*range(32), *range(76, 100)]
+    assert catch_up_positions(40, 100, sink=32, window=24) == list(range(76, 100))
+    assert catch_up_positions(20, 100, sink=32, window=24) == [*range(20, 32), *range(76, 100)]
+
+
+def test_a_draft_far_behind_the_prompt_is_fed_its_start_and_end_and_the_output_stays_plain(
+    plain_engine, q2_draft_engine, monkeypatch
+):
+    """Chain mode on a prompt longer than DRAFT_SINK + DRAFT_WINDOW tokens: the draft evaluates
+    the prompt's first DRAFT_SINK tokens and last DRAFT_WINDOW, its cells moved over the rest,
+    and drafts from there; the target's output is unchanged."""
+    engine = q2_draft_engine
+    engine.forget_draft_cache()
+    prompt = engine.prompt_tokens(COPY_PROMPT)
+    skipped = len(prompt) - 1 - DRAFT_SINK - DRAFT_WINDOW  # the root is evaluated by its round
+    assert skipped > 20
+    fed: list[int] = []
+    decode = engine.draft_ctx.decode
+
+    def counting(tokens, start_pos, **kw):
+        fed.append(len(tokens))
+        return decode(tokens, start_pos, **kw)
+
+    monkeypatch.setattr(engine.draft_ctx, "decode", counting)
+    spec = engine.generate(prompt, max_tokens=48, mode="chain", draft_max=4)
+    plain = plain_engine.generate(prompt, max_tokens=48, mode="target")
+
+    assert fed[:2] == [DRAFT_SINK, DRAFT_WINDOW]
+    assert engine.draft_ctx.seq_pos_min(0) == skipped
+    assert engine.draft_ctx.seq_pos_max(0) > len(prompt)  # it drafted on from there
+    assert spec.stats.choices.get("chain", 0) > 0 and spec.stats.accepted_tokens > 0
+    assert_same_or_near_tie(plain_engine, prompt, plain.tokens, spec.tokens)
+
+
+@pytest.mark.parametrize(
+    "next_prompt",
+    [
+        "Explain what a hash table is in two sentences.",
+        "Repeat this code exactly, then stop:\n\ndef add(a, b):\n    return a + b\n\n\n"
+        "def pow(a, b):\n    return a ** b\n",
+    ],
+)
+def test_a_prompt_sharing_less_than_the_draft_was_caught_up_on_catches_it_up_afresh(
+    plain_engine, q2_draft_engine, next_prompt
+):
+    """After a windowed catch-up the draft's cells sit past the text it skipped: a next prompt
+    that shares less of the text cannot go on from them. Sharing the chat template's start, it
+    would start where nothing is cached; sharing some of the skipped text, it would go on from
+    the text's first tokens as if it had seen the rest."""
+    engine = q2_draft_engine
+    engine.forget_draft_cache()
+    first = engine.prompt_tokens(COPY_PROMPT)
+    engine.generate(first, max_tokens=8, mode="chain", draft_max=4)
+    second = engine.prompt_tokens(next_prompt)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared < len(first) - 1 - DRAFT_WINDOW  # less than the draft was caught up on
+
+    spec = engine.generate(second, max_tokens=24, mode="chain", draft_max=4)
+    plain = plain_engine.generate(second, max_tokens=24, mode="target")
+
+    # caught up as from an empty cache (its cells moved over the middle again if it is long)
+    assert engine.draft_ctx.seq_pos_min(0) == max(len(second) - 1 - DRAFT_SINK - DRAFT_WINDOW, 0)
+    assert_same_or_near_tie(plain_engine, second, plain.tokens, spec.tokens)
 
 
 @pytest.mark.parametrize(
@@ -561,9 +633,10 @@ def test_auto_drafting_with_the_model_after_plain_rounds_still_equals_plain(
 def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answer_too_much(
     smol_path, smol_q2_k, monkeypatch, tmp_path
 ):
-    """The draft is 300 tokens behind (a long prompt it has not seen) and costs 0.2 of a step a
-    token to catch up: 60 steps. An 8-token answer must not pay that for a probe; an answer that
-    may run 1500 tokens can (ANSWER_SHARE: 5 % of 1500 steps is 75)."""
+    """The draft is 300 tokens behind (a long prompt it has not seen); catching up feeds it 56 of
+    them (DRAFT_SINK + DRAFT_WINDOW) at 0.2 of a step a token: 11 steps. An 8-token answer must
+    not pay that for a probe; an answer that may run 1500 tokens can (ANSWER_SHARE: 5 % of 1500
+    steps is 75)."""
     import edgespec
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
@@ -590,8 +663,9 @@ def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answe
 def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_prompt(
     smol_path, smol_q2_k, monkeypatch, tmp_path
 ):
-    """The draft has not seen a 600-token prompt: evaluating it once is the try's price (the
-    probes' schedule weighs it), not the arm's rate, or every first chain round would lose."""
+    """The draft has not seen a 600-token prompt: catching it up (on the prompt's start and end)
+    is the try's price (the probes' schedule weighs it), not the arm's rate, or every first
+    chain round would lose."""
     import edgespec
     from edgespec.policy import AutoPolicy
 
