@@ -339,13 +339,15 @@ def test_a_calibrated_tree_stops_spending_draft_work_on_runners_up_of_a_draft_th
     leaves much of what it drafted out of the pass, as it should.)"""
     grow_trees_by_llmcads_triggers_alone(self_draft_engine, monkeypatch)
     price_passes_with_a_flat_curve(self_draft_engine, monkeypatch)
-    runs = {
-        calibrated: check_greedy(
+    runs = {}
+    for calibrated in (True, False):
+        # From empty caches: cells an earlier generation computed in another batch differ in
+        # the last bits, and the two rules differ by a few per cent of accepted tokens here.
+        self_draft_engine.forget_caches()
+        runs[calibrated] = check_greedy(
             plain_engine, self_draft_engine, prompt, "tree", n=64, branch_p=0.1,
             calibrated=calibrated, ngram=False, alpha0=0.01, adaptive_alpha=False,
-        ).stats
-        for calibrated in (True, False)
-    }  # fmt: skip
+        ).stats  # fmt: skip
     per_eval = {c: s.accepted_tokens / s.draft_evals for c, s in runs.items()}
     assert per_eval[True] > per_eval[False]
     assert runs[True].tree.nodes / runs[True].tree.trees > 0  # it still drafted trees
