@@ -37,10 +37,12 @@ def plain_path_logits(engine, prompt: list[int], generated: list[int]) -> np.nda
 
 
 def assert_same_or_near_tie(engine, prompt: list[int], plain: list[int], spec: list[int]) -> None:
-    """Speculative greedy output equals plain greedy output, except at a near-tie of the top two.
+    """Speculative greedy output equals plain greedy output, except at a near tie for the top.
 
-    At the first position where they differ, the two tokens must be the top two candidates of
-    the logits plain decoding chose from, and closer than NEAR_TIE.
+    At the first position where they differ, both tokens must score within NEAR_TIE of the best
+    candidate of the logits plain decoding chose from (recomputed here). Not "the top two": where
+    three candidates are that close, the recomputed order of them may differ from the one either
+    run saw (its cache built in other batches).
     """
     n = min(len(plain), len(spec))
     first = next((i for i in range(n) if plain[i] != spec[i]), n)
@@ -50,11 +52,11 @@ def assert_same_or_near_tie(engine, prompt: list[int], plain: list[int], spec: l
     # An output that ended here stopped on the end-of-generation token, not listed in its tokens.
     a = plain[first] if first < len(plain) else int(logits.argmax())
     b = spec[first] if first < len(spec) else int(logits.argmax())
-    top2 = set(np.argsort(logits)[-2:].tolist())
-    gap = abs(float(logits[a] - logits[b]))
-    assert a != b and {a, b} == top2 and gap < NEAR_TIE, (
+    best = float(logits.max())
+    behind = {token: best - float(logits[token]) for token in (a, b)}
+    assert a != b and max(behind.values()) < NEAR_TIE, (
         f"outputs differ at token {first}: plain {a} vs speculative {b}, "
-        f"logit gap {gap:.3f}, top two {sorted(top2)}"
+        f"behind the best candidate by {behind[a]:.3f} and {behind[b]:.3f}"
     )
 
 

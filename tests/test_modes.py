@@ -87,7 +87,8 @@ def test_ngram_and_auto_need_no_draft_model(plain_engine):
 
 
 @pytest.mark.parametrize("draft_max", [8, None])
-def test_ngram_drafts_copy_heavy_text_well(plain_engine, draft_max):
+def test_ngram_drafts_copy_heavy_text_well(plain_engine, draft_max, monkeypatch):
+    price_passes_with_the_default_curve(plain_engine, monkeypatch)
     result = plain_engine.generate(COPY_PROMPT, max_tokens=60, mode="ngram", draft_max=draft_max)
     assert result.stats.accepted_tokens > 20
     assert result.stats.target_passes < result.stats.n_generated * 0.7
