@@ -14,7 +14,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgespec.bench import BASELINE, NEAR_TIE, BenchReport, ClassSummary, Progress
+from edgespec.bench import (
+    BASELINE,
+    NEAR_TIE,
+    BenchReport,
+    ClassSummary,
+    NoiseInterval,
+    Progress,
+)
 
 from . import options as opt
 
@@ -134,6 +141,8 @@ def bench(
     for line in divergence_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     console.print(ratio_chart(report))
+    for line in overall_lines(report):
+        console.print(line, markup=False, soft_wrap=True)
     if json_out is not None:
         json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
         status.print(f"wrote {json_out}", style="dim", markup=False)
@@ -267,12 +276,16 @@ def ratio_bar(ratio: float, scale_max: float, width: int = BAR_WIDTH) -> str:
 
 
 def ratio_chart(report: BenchReport) -> Table:
-    """Median speed over plain decoding per mode and class, as bars against a 1.0× line."""
+    """Median speed over plain decoding per mode and class, as bars against a 1.0× line, and
+    how sure the run is of each (`NoiseInterval`; none with one repeat)."""
     ratios = [s.median_ratio for s in report.classes if s.median_ratio is not None]
     # At least 0..2×, so that 1.0× sits mid-bar and small differences stay visible.
     scale_max = max(2.0, *ratios) if ratios else 2.0
     chart = Table(
-        title=f"speed over plain decoding (│ = 1.0×, bar end = {scale_max:.2f}×)",
+        title=(
+            f"speed over plain decoding (│ = 1.0×, bar end = {scale_max:.2f}×): class medians, "
+            "then the 95 % interval of the class's geometric mean for this run's timing noise"
+        ),
         title_justify="left",
         box=None,
         show_header=False,
@@ -282,6 +295,7 @@ def ratio_chart(report: BenchReport) -> Table:
     chart.add_column("mode", no_wrap=True)
     chart.add_column("bar", no_wrap=True)
     chart.add_column("ratio", justify="right", no_wrap=True)
+    chart.add_column("interval", no_wrap=True)
     for class_name in report.class_names:
         for i, s in enumerate(report.summaries(class_name)):
             if s.median_ratio is None:
@@ -290,5 +304,31 @@ def ratio_chart(report: BenchReport) -> Table:
                 bar = ratio_bar(s.median_ratio, scale_max)
                 label = f"{s.median_ratio:.2f}×"
                 style = "dim" if s.mode == BASELINE else "green" if s.median_ratio > 1 else "red"
-            chart.add_row(class_name if i == 0 else "", s.mode, Text(bar, style=style), label)
+            interval = "" if s.mode == BASELINE else _interval(s.interval)
+            row = (class_name if i == 0 else "", s.mode, Text(bar, style=style), label, interval)
+            chart.add_row(*row)
     return chart
+
+
+def _interval(interval: NoiseInterval | None) -> str:
+    return "" if interval is None else f"{interval.low:.2f}–{interval.high:.2f}"
+
+
+def overall_lines(report: BenchReport) -> list[str]:
+    """Each mode over every prompt, with how sure this run is of it; nothing with one repeat."""
+    lines = []
+    for mode in report.modes:
+        interval = report.overall(mode)
+        if mode != BASELINE and interval is not None:
+            lines.append(
+                f"  {mode}: {interval.mean:.2f}× ({_interval(interval)}, "
+                f"{_plural(interval.runs, 'paired run')})"
+            )
+    if lines:
+        lines.insert(
+            0,
+            "over all prompts, the geometric mean of the paired runs' ratios, and its 95 % "
+            "interval for this run's timing noise (bars whose interval holds 1.00 are not "
+            "told apart from plain decoding by this run):",
+        )
+    return lines

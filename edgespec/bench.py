@@ -11,7 +11,7 @@ measured: its plain decoding ("llama") and its prompt-lookup speculative decodin
 Runs are interleaved: each repeat goes through every prompt and runs every mode on it in a
 shuffled order, so slow drift of a shared machine spreads over the modes instead of biasing the
 ones measured last; and a mode's ratio on a prompt pairs each of its runs with plain decoding's
-in the same repeat (`paired_ratio`), so drift between repeats cancels.
+in the same repeat (`paired_ratios`), so drift between repeats cancels.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -422,7 +423,7 @@ class BenchRow:
     class_name: str
     tokens_per_s: float  # median over repeats
     runs_tokens_per_s: list[float]
-    ratio: float | None  # to the baseline on this prompt, paired by repeat (paired_ratio)
+    ratio: float | None  # to the baseline on this prompt: the median of `ratios`
     n_generated: int
     acceptance: float | None  # median; None when nothing was proposed
     mean_accepted: float | None
@@ -436,6 +437,19 @@ class BenchRow:
     tokens: list[int]  # of the first repeat
     text: str
     divergence: Divergence | None = None  # of the first repeat that differs from the baseline
+    ratios: list[float] = field(default_factory=list)  # paired, one per repeat (paired_ratios)
+
+
+@dataclass
+class NoiseInterval:
+    """A mode's speed over plain decoding on some prompts, as sure as this run's timing noise
+    allows: the geometric mean over the prompts of each one's paired ratios (`paired_ratios`),
+    and a 95 % interval for it (`noise_interval`)."""
+
+    mean: float
+    low: float
+    high: float
+    runs: int  # the paired runs it rests on
 
 
 @dataclass
@@ -454,6 +468,7 @@ class ClassSummary:
     overhead_ms: float | None
     n_same: int | None  # prompts whose output equals the baseline's; None when sampling
     n_prompts: int
+    interval: NoiseInterval | None = None  # the class's geometric mean ratio, for the noise
 
 
 @dataclass
@@ -540,14 +555,20 @@ class BenchReport:
     def plain_spread(self) -> Spread | None:
         return plain_spread(self.rows)
 
+    def overall(self, mode: str) -> NoiseInterval | None:
+        """`mode` over every prompt of the run (`noise_interval`)."""
+        return noise_interval([row.ratios for row in self.rows if row.mode == mode])
+
     def to_dict(self) -> dict[str, object]:
         spread = self.plain_spread
+        overall = {mode: self.overall(mode) for mode in self.modes}
         return {
             "machine": self.machine,
             "settings": {**asdict(self.settings), "greedy": self.settings.greedy},
             "prompts": self.prompts,
             "rows": [asdict(row) for row in self.rows],
             "classes": [asdict(summary) for summary in self.classes],
+            "overall": {mode: asdict(i) if i else None for mode, i in overall.items()},
             "plain_spread": asdict(spread) if spread else None,
         }
 
@@ -567,6 +588,7 @@ def _row(
     greedy: bool = True,
 ) -> BenchRow:
     tokens_per_s = statistics.median(m.tokens_per_s for m in runs)
+    ratios = paired_ratios([m.tokens_per_s for m in runs], [m.tokens_per_s for m in baseline])
     # Sampled texts differ from plain decoding's by their draws: nothing to compare.
     differing = [m for m in runs if m.tokens != baseline[0].tokens] if greedy else []
     return BenchRow(
@@ -575,7 +597,7 @@ def _row(
         class_name=prompt.class_name,
         tokens_per_s=tokens_per_s,
         runs_tokens_per_s=[m.tokens_per_s for m in runs],
-        ratio=paired_ratio([m.tokens_per_s for m in runs], [m.tokens_per_s for m in baseline]),
+        ratio=statistics.median(ratios) if ratios else None,
         n_generated=len(runs[0].tokens),
         acceptance=_median_or_none(m.acceptance for m in runs),
         mean_accepted=_median_or_none(m.mean_accepted for m in runs),
@@ -591,20 +613,55 @@ def _row(
             if differing
             else None
         ),
+        ratios=ratios,
     )
 
 
-def paired_ratio(rates: Sequence[float], baseline_rates: Sequence[float]) -> float | None:
-    """The median over repeats of a mode's rate over plain decoding's in the same repeat (the
-    same prompt, at most a few runs apart); None if no repeat of plain decoding made anything.
+def paired_ratios(rates: Sequence[float], baseline_rates: Sequence[float]) -> list[float]:
+    """Each repeat's rate over plain decoding's in the same repeat (the same prompt, at most a
+    few runs apart), leaving out the repeats in which plain decoding made nothing. A row's
+    ratio is their median.
 
     A shared machine drifts between repeats (plain decoding's own repeats of a prompt were 19 %
     apart, median, in a run here), and a ratio of the two medians compares runs up to a whole
     repeat apart. Paired, what the two runs shared cancels: over a three-repeat run of every
     mode here (2026-11-26), the log of a ratio scattered over repeats with a standard deviation
     of 0.079 paired against 0.147 between runs of different repeats."""
-    ratios = [r / b for r, b in zip(rates, baseline_rates, strict=True) if b > 0]
-    return statistics.median(ratios) if ratios else None
+    return [r / b for r, b in zip(rates, baseline_rates, strict=True) if b > 0]
+
+
+# Student's t at 97.5 % for 1..30 degrees of freedom; beyond, 1.96 + 2.4 / df is within 0.003.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def noise_interval(ratios_by_prompt: Sequence[Sequence[float]]) -> NoiseInterval | None:
+    """The geometric mean over prompts of each prompt's paired ratios, with a 95 % interval for
+    this run's timing noise; None without a prompt run twice (nothing to tell noise by).
+
+    In logs, each prompt's repeats scatter around the prompt's own mean (the prompts differ
+    for real: a copy-heavy edit is not a chat); that scatter, pooled over the prompts, is the
+    noise, and the mean of the prompts' means is uncertain by it (Student's t). A class median
+    over three prompts cannot say whether 1.02x is faster than plain decoding on a machine
+    whose repeats differ by a fifth; this can. It speaks for these prompts, not for others."""
+    logs = [np.log(np.asarray(r, dtype=float)) for r in ratios_by_prompt if len(r)]
+    n_runs = sum(len(x) for x in logs)
+    df = n_runs - len(logs)
+    if df < 1:
+        return None
+    means = [float(x.mean()) for x in logs]
+    squares = sum(float(((x - m) ** 2).sum()) for x, m in zip(logs, means, strict=True))
+    # Var(mean of P prompt means) = s^2 / P^2 * sum(1 / repeats of each)
+    se = float(np.sqrt(squares / df * sum(1 / len(x) for x in logs))) / len(logs)
+    t = _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+    center = float(np.mean(means))
+    return NoiseInterval(
+        float(np.exp(center)), float(np.exp(center - t * se)), float(np.exp(center + t * se)),
+        n_runs,
+    )  # fmt: skip
 
 
 def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSummary:
@@ -626,6 +683,7 @@ def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSum
             else sum(bool(r.same_as_target) for r in rows)
         ),
         n_prompts=len(rows),
+        interval=noise_interval([r.ratios for r in rows]),
     )
 
 

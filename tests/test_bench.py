@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,11 +26,18 @@ from edgespec.bench import (
     engine_runner,
     first_divergence,
     load_prompts,
-    paired_ratio,
+    noise_interval,
+    paired_ratios,
     plain_spread,
     run_bench,
 )
-from edgespec.cli.bench_cmd import bench, divergence_lines, ratio_bar, spread_line
+from edgespec.cli.bench_cmd import (
+    bench,
+    divergence_lines,
+    overall_lines,
+    ratio_bar,
+    spread_line,
+)
 from edgespec.errors import BadSettingError
 
 from .helpers import assert_same_or_near_tie, fresh_logits
@@ -167,6 +175,10 @@ def test_each_class_summarises_every_mode_over_its_prompts(report):
         baseline = summaries[0]
         assert baseline.median_ratio == baseline.min_ratio == 1.0
         assert baseline.n_same == baseline.n_prompts == 1
+        # One repeat: nothing to tell the run's noise by, so no interval is claimed.
+        assert all(s.interval is None for s in summaries)
+    assert all(report.overall(mode) is None for mode in report.modes)
+    assert overall_lines(report) == []
 
 
 def test_progress_is_reported_before_every_run_and_at_the_end(report, progress_steps):
@@ -235,10 +247,46 @@ def test_a_ratio_pairs_each_repeat_with_plain_decoding_in_the_same_repeat():
     # The machine sped up from one repeat to the next (plain decoding 10, 20, 30 tok/s): the
     # repeats' pairs say 1.1, 0.9 and 1.2, and the ratio is their median, where the two medians
     # (18 against 20 tok/s) would say 0.9, comparing runs of different repeats.
-    assert paired_ratio([11.0, 18.0, 36.0], [10.0, 20.0, 30.0]) == pytest.approx(1.1)
+    ratios = paired_ratios([11.0, 18.0, 36.0], [10.0, 20.0, 30.0])
+    assert ratios == pytest.approx([1.1, 0.9, 1.2]) and statistics.median(ratios) == 1.1
     # A repeat in which plain decoding made nothing is left out; with none left, no ratio.
-    assert paired_ratio([12.0, 5.0], [10.0, 0.0]) == pytest.approx(1.2)
-    assert paired_ratio([12.0], [0.0]) is None
+    assert paired_ratios([12.0, 5.0], [10.0, 0.0]) == pytest.approx([1.2])
+    assert paired_ratios([12.0], [0.0]) == []
+
+
+def test_the_noise_interval_holds_the_true_ratio_in_95_of_100_runs():
+    # Four prompts on which a mode is truly 1.0, 1.1, 0.95 and 1.2x plain decoding; each paired
+    # run is off by timing noise (log-normal, the scatter measured here), three repeats each
+    # and one prompt with a repeat lost. The interval must hold the true geometric mean in
+    # about 95 % of such runs: narrower and it claims more than the run shows.
+    rng = np.random.default_rng(7)
+    true_logs = np.log([1.0, 1.1, 0.95, 1.2])
+    truth = float(np.exp(true_logs.mean()))
+    repeats = [3, 3, 3, 2]
+    held, widths = 0, []
+    for _ in range(4000):
+        noise = [rng.normal(0, 0.08, n) for n in repeats]
+        ratios = [np.exp(m + e) for m, e in zip(true_logs, noise, strict=True)]
+        interval = noise_interval(ratios)
+        assert interval is not None and interval.low < interval.mean < interval.high
+        assert interval.runs == 11
+        held += interval.low <= truth <= interval.high
+        widths.append(interval.high / interval.low)
+    assert 0.93 <= held / 4000 <= 0.97
+    # Less noise, a narrower interval.
+    quiet = [np.exp(m + rng.normal(0, 0.02, 3)) for m in true_logs]
+    quiet_interval = noise_interval(quiet)
+    assert quiet_interval is not None
+    assert quiet_interval.high / quiet_interval.low < np.median(widths)
+
+
+def test_the_noise_interval_needs_a_prompt_run_twice_and_is_a_point_without_noise():
+    assert noise_interval([[1.1], [0.9]]) is None  # one repeat each: no noise to measure
+    assert noise_interval([]) is None
+    exact = noise_interval([[1.21, 1.21], [1.0, 1.0]])  # every repeat alike
+    assert exact is not None and exact.runs == 4
+    assert exact.low == pytest.approx(1.1) and exact.high == pytest.approx(1.1)
+    assert exact.mean == pytest.approx(1.1)  # the geometric mean of the prompts, not 1.105
 
 
 def test_the_run_says_how_much_plain_decodings_own_repeats_differed(report):
@@ -276,6 +324,16 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     assert all(row["n_generated"] <= 8 for row in data["rows"])
     spread = data["plain_spread"]
     assert 0 <= spread["median"] <= spread["largest"] and spread["prompt"] in ("add", "sky")
+    # Two repeats: each ratio rests on its paired runs, and the run says how sure it is of them.
+    for row in data["rows"]:
+        assert len(row["ratios"]) == 2 and row["ratio"] == pytest.approx(
+            statistics.median(row["ratios"])
+        )
+    llama = data["overall"]["llama"]
+    assert llama["runs"] == 4 and llama["low"] <= llama["mean"] <= llama["high"]
+    assert all(c["interval"]["runs"] == 2 for c in data["classes"])
+    assert "over all prompts, the geometric mean" in result.stdout
+    assert f"llama: {llama['mean']:.2f}× ({llama['low']:.2f}–{llama['high']:.2f}" in result.stdout
 
 
 def test_a_sampling_bench_draws_repeat_r_with_seed_r_in_every_mode_and_compares_no_texts(
