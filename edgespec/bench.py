@@ -647,7 +647,9 @@ def noise_interval(ratios_by_prompt: Sequence[Sequence[float]]) -> NoiseInterval
     noise, and the mean of the prompts' means is uncertain by it (Student's t). A class median
     over three prompts cannot say whether 1.02x is faster than plain decoding on a machine
     whose repeats differ by a fifth; this can. It speaks for these prompts, not for others."""
-    logs = [np.log(np.asarray(r, dtype=float)) for r in ratios_by_prompt if len(r)]
+    # A sampled run that drew the end of text first made nothing: no speed to average.
+    made = [[r for r in ratios if r > 0] for ratios in ratios_by_prompt]
+    logs = [np.log(np.asarray(r, dtype=float)) for r in made if r]
     n_runs = sum(len(x) for x in logs)
     df = n_runs - len(logs)
     if df < 1:
@@ -657,11 +659,13 @@ def noise_interval(ratios_by_prompt: Sequence[Sequence[float]]) -> NoiseInterval
     # Var(mean of P prompt means) = s^2 / P^2 * sum(1 / repeats of each)
     se = float(np.sqrt(squares / df * sum(1 / len(x) for x in logs))) / len(logs)
     t = _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
-    center = float(np.mean(means))
+    center, half = float(np.mean(means)), t * se
     return NoiseInterval(
-        float(np.exp(center)), float(np.exp(center - t * se)), float(np.exp(center + t * se)),
-        n_runs,
-    )  # fmt: skip
+        mean=float(np.exp(center)),
+        low=float(np.exp(center - half)),
+        high=float(np.exp(center + half)),
+        runs=n_runs,
+    )
 
 
 def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSummary:

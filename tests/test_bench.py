@@ -287,6 +287,8 @@ def test_the_noise_interval_needs_a_prompt_run_twice_and_is_a_point_without_nois
     assert exact is not None and exact.runs == 4
     assert exact.low == pytest.approx(1.1) and exact.high == pytest.approx(1.1)
     assert exact.mean == pytest.approx(1.1)  # the geometric mean of the prompts, not 1.105
+    # A (sampled) run that made nothing has no speed to average: it is left out.
+    assert noise_interval([[1.21, 1.21, 0.0], [1.0, 1.0]]) == exact
 
 
 def test_the_run_says_how_much_plain_decodings_own_repeats_differed(report):
