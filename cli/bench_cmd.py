@@ -81,8 +81,10 @@ def bench(
     """Measure decode speed of every mode against plain decoding, in one interleaved run.
 
     On a CPU speculation can be slower than plain decoding: only a ratio measured in the same
-    run says whether it pays. Modes are edgespec's and, as baselines, llama-cpp-python's plain
-    decoding ("llama") and its prompt-lookup speculation ("llama-lookup").
+    run says whether it pays, and with two repeats or more the run says how sure it is of each
+    (a 95 % interval for its timing noise). Modes are edgespec's and, as baselines,
+    llama-cpp-python's plain decoding ("llama") and its prompt-lookup speculation
+    ("llama-lookup").
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench

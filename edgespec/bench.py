@@ -11,7 +11,8 @@ measured: its plain decoding ("llama") and its prompt-lookup speculative decodin
 Runs are interleaved: each repeat goes through every prompt and runs every mode on it in a
 shuffled order, so slow drift of a shared machine spreads over the modes instead of biasing the
 ones measured last; and a mode's ratio on a prompt pairs each of its runs with plain decoding's
-in the same repeat (`paired_ratios`), so drift between repeats cancels.
+in the same repeat (`paired_ratios`), so drift between repeats cancels. What drift is left, the
+repeats' scatter, bounds how sure the run is of each ratio (`noise_interval`).
 """
 
 from __future__ import annotations
