@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,7 +18,9 @@ from edgespec.config import Settings, resolve
 from edgespec.draft_head import HEAD_TOKENS, narrowed_path
 from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
 from edgespec.stats import Stats
+from edgespec.text import valid_text
 
+from . import INTERRUPTED
 from . import options as opt
 from .bench_cmd import bench
 from .chat_cmd import chat
@@ -45,7 +49,6 @@ err = Console(stderr=True, highlight=False)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-INTERRUPTED = 130  # the exit status of a Ctrl+C (128 + SIGINT), as shells report it
 
 
 def resolve_model(value: str | None, default: str | None) -> Path | None:
@@ -85,9 +88,17 @@ def draft_named_or_default(settings: Settings) -> bool:
 
 
 def read_prompt(prompt: str) -> str:
+    """The prompt as given, or read from stdin for "-"; bytes that are not UTF-8 become U+FFFD."""
     if prompt == "-":
-        return sys.stdin.read()
-    return prompt
+        return read_stdin(lambda f: f.read())
+    return valid_text(prompt)
+
+
+def read_stdin(read: Callable[[IO], str | bytes]) -> str:
+    """`read` applied to stdin's bytes, decoded as UTF-8 whatever the locale (a bad byte must not
+    be a traceback); to stdin itself where it has no bytes (a test's StringIO)."""
+    data = read(getattr(sys.stdin, "buffer", sys.stdin))
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else valid_text(data)
 
 
 def load_engine(
@@ -214,13 +225,19 @@ def run(
     # A prompt longer than the context fails here, before a first use's measuring.
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     profile_if_needed(engine, settings)
+    pieces = iter(stream)
     try:
-        for piece in stream:
+        for piece in pieces:
             if not as_json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        sys.stdout.write("\n")  # the text so far stays; main() says it was interrupted
+        # The text so far stays (with --json, in the object: finish_reason "interrupted");
+        # main() says it was interrupted.
+        pieces.close()  # the generation ends where it stood: its text and statistics are kept
+        if as_json and stream.result is not None:
+            sys.stdout.write(json.dumps(stream.result.to_dict(), ensure_ascii=False))
+        sys.stdout.write("\n")
         sys.stdout.flush()
         raise typer.Exit(INTERRUPTED) from None
     result = stream.result
@@ -308,6 +325,7 @@ def quantize(
                 f"--output-type must be one of {', '.join(OUTPUT_TYPES)} (got {output_type!r})"
             )
     info = read_gguf(source)
+    check_destination(dest)
     if info.file_type not in ("ALL_F32", "F16", "BF16"):
         err.print(
             f"[yellow]warning:[/yellow] {source.name} is already {info.file_type}; "
@@ -321,6 +339,17 @@ def quantize(
     finally:
         tmp.unlink(missing_ok=True)
     print(dest)
+
+
+def check_destination(dest: Path) -> None:
+    """Fail before the work, not after it, where `dest` cannot be written as a file."""
+    if dest.is_dir():
+        raise BadSettingError(f"{dest} is a directory; name the file to write")
+    folder = dest.parent
+    if not folder.is_dir():
+        raise BadSettingError(f"cannot write {dest}: there is no directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise BadSettingError(f"cannot write {dest}: {folder} is not writable")
 
 
 def narrow(
@@ -349,6 +378,7 @@ def narrow(
     dest = dest or narrowed_path(source, tokens)
     if dest.resolve().parent != source.resolve().parent:
         raise BadSettingError("the narrowed copy must be written next to its draft")
+    check_destination(dest)
     narrow_file(source, dest, tokens)
     print(dest)
 
@@ -379,7 +409,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `edgespec run ... | head`: the reader went away, not an error
-        return 0
+        return _reader_gone()
+    except SystemExit as e:  # typer turns a broken pipe into sys.exit(1)
+        if isinstance(e.__context__, BrokenPipeError):
+            return _reader_gone()
+        raise
     if rv == INTERRUPTED:  # typer returns this for a Ctrl+C, wherever it came (loading, too)
         print("interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (`| head`): exit 0 without the error Python's final flush of
+    stdout would print (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0

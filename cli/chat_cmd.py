@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from edgespec.config import KINDS, Settings
 from edgespec.errors import BadSettingError, EdgespecError
+from edgespec.text import valid_text
 
 from . import options as opt
 
@@ -134,7 +135,7 @@ class Repl:
                 else:
                     self.answer(text)
             except EdgespecError as e:
-                err.print(f"error: {escape(str(e))}")
+                err.print(f"error: {escape(str(e))}", soft_wrap=True)  # one line, piped too
             except KeyboardInterrupt:  # outside an answer (which handles its own): just stop
                 print()
                 err.print("[dim]interrupted[/dim]")
@@ -142,8 +143,10 @@ class Repl:
     # ----- input -----------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
         if self.interactive:
-            return input(prompt)
-        line = sys.stdin.readline()
+            return valid_text(input(prompt))
+        from .app import read_stdin
+
+        line = read_stdin(lambda f: f.readline())
         if not line:
             raise EOFError
         return line.rstrip("\n")
@@ -154,8 +157,11 @@ class Repl:
         if not line.lstrip().startswith(MULTILINE):
             return line
         lines = [line.lstrip()[len(MULTILINE) :]]
-        while not lines[-1].rstrip().endswith(MULTILINE):
-            lines.append(self.read_line("... "))
+        try:
+            while not lines[-1].rstrip().endswith(MULTILINE):
+                lines.append(self.read_line("... "))
+        except EOFError:  # input ended inside the block: what was typed is still the message
+            return "\n".join(lines).strip()
         lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
         return "\n".join(lines).strip()
 
@@ -163,7 +169,11 @@ class Repl:
     def answer(self, text: str) -> None:
         reply = self.conversation.ask(text, **self.generation_options())
         if reply.dropped:
-            err.print(f"[dim]dropped the {reply.dropped} oldest turn(s) to fit the context[/dim]")
+            err.print(
+                f"[dim]the oldest {reply.dropped} turn(s) no longer fit the context: the model no "
+                "longer sees them (/save still keeps them)[/dim]",
+                soft_wrap=True,
+            )
         try:
             for piece in reply:
                 sys.stdout.write(piece)

@@ -86,7 +86,7 @@ DraftMax = Annotated[
         help="Tokens a chain drafts, or an ngram round proposes, per verification [default: "
         "chain: on while one more token raises the expected rate (the draft's calibrated "
         "confidence against this device's costs), at most 16; ngram: as much of its proposal "
-        "as pays, at most 16]"
+        "as pays, at most 32]"
     ),
 ]
 Pipeline = Annotated[

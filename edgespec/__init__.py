@@ -6,9 +6,25 @@ result = engine.generate("Write a haiku about caches", max_tokens=64)
 print(result.text, result.stats.acceptance_rate)
 """
 
-from .engine import Engine, GenerationConfig, Result, Stream, load
-from .errors import EdgespecError
-from .stats import Stats
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not typing's: importing it costs the start time this module saves
+if TYPE_CHECKING:
+    from .engine import Engine, GenerationConfig, Result, Stream, load
+    from .errors import EdgespecError
+    from .stats import Stats
 
 __all__ = ["EdgespecError", "Engine", "GenerationConfig", "Result", "Stats", "Stream", "load"]
 __version__ = "0.1.0"
+
+# Imported on first use: the engine brings in llama.cpp and numpy (half a second here), and the
+# command line must be able to start, and take a Ctrl+C, before that (edgespec.cli.main).
+_HOMES = {"EdgespecError": ".errors", "Stats": ".stats"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module 'edgespec' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(_HOMES.get(name, ".engine"), __name__), name)

@@ -25,6 +25,7 @@ from .cores import PinnedThread
 from .draft_head import NarrowedHead, RowDequantizer
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
+from .text import valid_text
 
 _verbose = False
 # ggml's log levels (ggml.h; llama-cpp-python's _logger.py numbers them one lower).
@@ -189,7 +190,10 @@ class Model:
         return self.info.name or self.path.name
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that were not UTF-8 where the text came from
+            data = valid_text(text).encode("utf-8")
         capacity = len(data) + 8
         out = (ll.llama_token * capacity)()
         n = ll.llama_tokenize(
@@ -260,6 +264,7 @@ class Context:
         """`flash_attn`: attention by llama.cpp's flash attention kernel or by matrix products;
         None: llama.cpp's choice (on, for the CPU). Which is faster depends on the CPU
         (profile.measure_attention)."""
+        self._ctx = self._batch = None  # close() may run on a half-made Context (Ctrl+C)
         self.model = model
         self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
         self.n_seq_max = n_seq_max
@@ -472,7 +477,8 @@ class Context:
 
     def close(self) -> None:
         if self._ctx:
-            ll.llama_batch_free(self._batch)
+            if self._batch is not None:
+                ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             self._ctx = None
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
+from .text import valid_text
 
 if TYPE_CHECKING:
     from .engine import Engine, Stream
@@ -47,7 +48,9 @@ class Reply:
     def __init__(self, conversation: Conversation, stream: Stream, dropped: int):
         self.conversation = conversation
         self.stream = stream
-        self.dropped = dropped  # oldest turns forgotten to make the question fit the context
+        # Oldest turns that no longer fit the context: the model does not see them from this
+        # question on (the conversation keeps them, and saves them).
+        self.dropped = dropped
 
     def __iter__(self) -> Iterator[str]:
         finished = False
@@ -61,52 +64,58 @@ class Reply:
 class Conversation:
     def __init__(self, engine: Engine, system: str | None = None, template: str | None = None):
         self.engine = engine
-        self.system = system
+        self.system = valid_text(system) if system is not None else None
         self.template = template or engine.target.info.chat_template
         if self.template is None:
             raise EdgespecError(
                 f"{engine.target.path.name} has no chat template; give one with --chat-template"
             )
-        self.messages: list[Message] = []
+        self.messages: list[Message] = []  # the whole conversation, as saved
+        self.in_context = 0  # messages[in_context:] are those the last question's prompt held
         self.last_stats: Stats | None = None
 
     # ----- asking ----------------------------------------------------------------------------
     def ask(self, text: str, **gen_options: object) -> Reply:
         """Ask `text`; `gen_options` are GenerationConfig fields (max_tokens, temperature, ...).
 
-        Oldest turns are dropped when the conversation and max_tokens do not fit the context
-        (Reply.dropped says how many). If the question alone (with the system message) leaves no
-        room for an answer, ContextOverflowError; when it fits but max_tokens does not, the
-        answer may end at the context's end.
+        The prompt leaves out the oldest turns where the conversation and room for the answer
+        (max_tokens, at most half the context) do not fit the context (Reply.dropped says how
+        many more than before); the conversation keeps them. If the question alone (with the
+        system message) leaves no room for an answer, ContextOverflowError; when it fits but
+        max_tokens does not, the answer may end at the context's end.
         """
+        text = valid_text(text)
         if not text.strip():
             raise BadSettingError("the message is empty")
         max_tokens = gen_options.get("max_tokens", GenerationConfig.max_tokens)
         assert isinstance(max_tokens, int)
         messages = [*self.messages, Message("user", text)]
-        tokens, dropped = self._fitted(messages, max_tokens)
+        tokens, start = self._fitted(messages, min(max_tokens, self.engine.n_ctx // 2))
         stream = self.engine.stream(tokens, **gen_options)  # validates the options
-        self.messages = messages  # only now: a failed ask leaves the conversation as it was
-        return Reply(self, stream, dropped)
+        # Only now: a failed ask leaves the conversation as it was.
+        turns_left_out = sum(m.role == "user" for m in messages[self.in_context : start])
+        self.messages, self.in_context = messages, start
+        return Reply(self, stream, turns_left_out)
 
-    def _fitted(self, messages: list[Message], max_tokens: int) -> tuple[list[int], int]:
-        """The prompt tokens after dropping the oldest turns (in place) until the prompt and
-        max_tokens fit the context; and how many turns were dropped."""
-        dropped = 0
-        tokens = self.prompt_tokens(messages)
-        while len(tokens) + max_tokens > self.engine.n_ctx and len(messages) > 1:
+    def _fitted(self, messages: list[Message], room: int) -> tuple[list[int], int]:
+        """The prompt tokens of `messages` from the first turn on (at least the one the last
+        prompt began with) for which the prompt and `room` fit the context, and where it begins.
+        Older turns stay out: bringing one back would change the prompt's start, and the caches
+        hold the last one's."""
+        start = min(self.in_context, len(messages) - 1)
+        tokens = self.prompt_tokens(messages[start:])
+        while len(tokens) + room > self.engine.n_ctx and start < len(messages) - 1:
             # A turn is a user message and the answer(s) after it.
-            del messages[0]
-            while len(messages) > 1 and messages[0].role != "user":
-                del messages[0]
-            dropped += 1
-            tokens = self.prompt_tokens(messages)
+            start += 1
+            while start < len(messages) - 1 and messages[start].role != "user":
+                start += 1
+            tokens = self.prompt_tokens(messages[start:])
         if len(tokens) >= self.engine.n_ctx:
             raise ContextOverflowError(
                 f"the message needs {len(tokens)} tokens but the context holds "
                 f"{self.engine.n_ctx}; use a larger --ctx-size or a shorter message"
             )
-        return tokens, dropped
+        return tokens, start
 
     def _answered(self, stream: Stream, interrupted: bool) -> None:
         self.messages.append(Message("assistant", stream.text, interrupted))
@@ -124,15 +133,17 @@ class Conversation:
         return self.engine.chat_tokens(self.template, rendered, add_generation_prompt)
 
     def context_used(self) -> int:
-        """Tokens the conversation so far takes in the context (0 when it is empty)."""
+        """Tokens the conversation takes in the context: the messages the last prompt held and
+        the answer to it (0 when it is empty)."""
         if not self.messages:
             return 0
-        return len(self.prompt_tokens(add_generation_prompt=False))
+        return len(self.prompt_tokens(self.messages[self.in_context :], False))
 
     # ----- state -----------------------------------------------------------------------------
     def clear(self) -> None:
         """Forget the messages (not the system message)."""
         self.messages = []
+        self.in_context = 0
         self.last_stats = None
 
     def to_json(self) -> dict[str, object]:
@@ -164,6 +175,7 @@ class Conversation:
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
         self.system, self.messages = _parsed(data, path)
+        self.in_context = 0
         self.last_stats = None
 
 
@@ -188,5 +200,5 @@ def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:
             raise bad(f"message {i} has role {role!r}, not one of {', '.join(ROLES)}")
         if not isinstance(content, str) or not isinstance(interrupted, bool):
             raise bad(f'message {i} needs a string "content" and a boolean "interrupted"')
-        messages.append(Message(role, content, interrupted))
-    return system, messages
+        messages.append(Message(role, valid_text(content), interrupted))
+    return (valid_text(system) if system is not None else None), messages

@@ -23,7 +23,7 @@ from . import chat
 from .backend import Context, Model
 from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, threads_by_cpus
 from .draft_head import MAX_EXTRA_TOKENS
-from .errors import BadSettingError, ContextOverflowError, EdgespecError
+from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
 from .gguf_info import GGUFInfo, check_pair, read_gguf
 from .ngram import NgramDrafter, Proposal
 from .policy import (
@@ -1455,6 +1455,7 @@ class Stream:
     def __iter__(self) -> Iterator[str]:
         run, stops = self.run, self._stops
         rounds = self.engine._rounds(run)
+        ended = False  # not cut short by the caller (Ctrl+C, an iterator closed early)
         try:
             for decided in rounds:
                 for token in decided:
@@ -1471,10 +1472,11 @@ class Stream:
                 if tail:
                     self._text.append(tail)
                     yield tail
+            ended = True
         finally:
             rounds.close()
             self.stats.n_generated = len(run.generated)
-            self.stats.finish(self._reason or "context")
+            self.stats.finish(self._reason or ("context" if ended else "interrupted"))
             self.stats.threads_by_cpus = threads_by_cpus()
             self.result = Result("".join(self._text), list(run.generated), self.stats)
 
@@ -1528,6 +1530,12 @@ def load(
     set_verbose(verbose)
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists fail before any loading
     target_info = read_gguf(target)
+    if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
+        raise ModelFileError(
+            f"{target_info.path.name} is a narrowed draft (its output keeps {target_info.n_vocab}"
+            f" of {target_info.full_vocab} tokens): it can only draft; the target is "
+            f"{target_info.narrowed_from} or another full model"
+        )
     draft_info = read_gguf(draft) if draft is not None else None
     if draft_info is not None:  # metadata first: a mismatch is reported before loading anything
         check_pair(draft_info, target_info, texts_match=lambda: True)

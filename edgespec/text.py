@@ -6,6 +6,21 @@ import codecs
 from collections.abc import Sequence
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: what was not UTF-8 where it came from (Python keeps such bytes of
+    arguments and piped input as lone surrogates, and JSON may hold "\\ud800") becomes U+FFFD,
+    so it can be tokenized, printed and saved."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:  # the bytes Python kept, each one U+FFFD
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # other lone surrogates
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 class Detokenizer:
     """Feeds token bytes in, hands out only complete characters.
 

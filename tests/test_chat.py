@@ -181,6 +181,23 @@ def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     assert done.stdout.strip() and ">>>" not in done.stdout
 
 
+def test_piped_bytes_that_are_not_utf8_and_an_unclosed_block_are_still_answered(
+    smol_path, tmp_path
+):
+    """A Latin-1 byte was a traceback that ended the chat; input ending inside a \"\"\" block
+    dropped the block without a word."""
+    done = subprocess.run(
+        chat_argv(smol_path),
+        input=b'caf\xe9?\n"""Two lines\nand no end',
+        capture_output=True,
+        env=chat_env(tmp_path),
+        timeout=120,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in stderr, stderr
+    assert len(re.findall(STATS_LINE, stderr)) == 2
+
+
 # ----- Conversation ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_engine(smol_path) -> edgespec.Engine:
@@ -199,17 +216,45 @@ def answer(conversation: Conversation, text: str, **options) -> str:
     return "".join(conversation.ask(text, mode="target", **options))
 
 
-def test_overflow_drops_the_oldest_turns_and_keeps_the_system_message(small_engine):
+def test_overflow_leaves_the_oldest_turns_out_of_the_prompt_but_in_the_history(
+    small_engine, tmp_path
+):
     conversation = Conversation(small_engine, system="Answer in one word.")
     conversation.messages = turns(4, words=10)  # about 4 x 50 tokens: too many for 256 - 32
     reply = conversation.ask("Hi", mode="target", max_tokens=32)
     "".join(reply)
     assert reply.dropped >= 1
-    kept = conversation.messages
-    assert kept[0].role == "user" and kept[0].content.startswith(f"user {reply.dropped}:")
-    assert [m.content for m in kept[-2:-1]] == ["Hi"] and kept[-1].role == "assistant"
+    seen = conversation.messages[conversation.in_context :]
+    assert seen[0].role == "user" and seen[0].content.startswith(f"user {reply.dropped}:")
+    assert [m.content for m in seen[-2:-1]] == ["Hi"] and seen[-1].role == "assistant"
     assert conversation.system == "Answer in one word."
     assert reply.stream.result.stats.n_prompt_tokens + 32 <= small_engine.n_ctx
+    # Nothing is lost: the conversation, and what /save writes, keep every turn.
+    assert conversation.messages[:8] == turns(4, words=10) and len(conversation.messages) == 10
+    conversation.save(tmp_path / "chat.json")
+    assert len(json.loads((tmp_path / "chat.json").read_text())["messages"]) == 10
+    # The next question starts where this prompt started: no turn left out twice.
+    assert answer(conversation, "Again", max_tokens=8) and conversation.in_context >= 2
+
+
+def test_a_max_tokens_beyond_the_context_keeps_the_history_in_the_prompt(small_engine):
+    """Room for the answer is reserved up to half the context: `-n 3000` with a context of 256
+    left out every earlier turn at every question (a chat that forgot the user's name)."""
+    conversation = Conversation(small_engine)
+    answer(conversation, "My name is Ada.", max_tokens=8)
+    reply = conversation.ask("What is my name?", mode="target", max_tokens=10_000)
+    "".join(reply)
+    assert reply.dropped == 0 and conversation.in_context == 0
+    assert reply.stream.result.stats.n_prompt_tokens > 20  # the first turn is in the prompt
+
+
+def test_text_that_was_not_utf8_is_asked_and_saved(small_engine, tmp_path):
+    """Bytes that are not UTF-8 (kept by Python as lone surrogates) become U+FFFD."""
+    conversation = Conversation(small_engine, system="Be brief\ud800")  # as JSON may hold it
+    assert answer(conversation, "caf\udce9 au lait", max_tokens=4)  # a Latin-1 byte piped in
+    assert conversation.messages[0].content == "caf\ufffd au lait"
+    assert conversation.system.startswith("Be brief\ufffd")
+    conversation.save(tmp_path / "chat.json")  # a lone surrogate made saving fail
 
 
 def test_a_message_too_long_for_the_context_is_an_error_and_changes_nothing(small_engine):
@@ -227,6 +272,7 @@ def test_an_answer_cut_short_is_kept_as_interrupted(small_engine):
     partial = next(pieces) + next(pieces)
     pieces.close()  # what Ctrl+C in the middle of the loop amounts to
     assert conversation.messages[-1] == Message("assistant", partial, interrupted=True)
+    assert conversation.last_stats.finish_reason == "interrupted"
     assert answer(conversation, "Thanks!", max_tokens=8)  # and the chat goes on
     assert not conversation.messages[-1].interrupted
 

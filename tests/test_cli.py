@@ -310,6 +310,60 @@ def test_ctrl_c_before_generating_exits_130_saying_so(capsys, smol_path, monkeyp
     assert code == 130 and err.strip() == "interrupted" and not out
 
 
+@pytest.mark.parametrize("command", ["quantize", "narrow"])
+def test_a_destination_that_cannot_be_written_fails_before_the_work(capsys, tmp_path, command):
+    source = write_tiny_gguf(tmp_path / "draft.gguf", n_vocab=2048)
+    options = ["--tokens", "1024"] if command == "narrow" else []
+    (tmp_path / "out").mkdir()
+    code, _, err = cli(capsys, command, str(source), str(tmp_path / "out"), *options)
+    one_line_error(code, err, "out is a directory")
+    if command == "quantize":  # a narrowed copy is written next to its draft anyway
+        missing = tmp_path / "no-such-dir" / "q.gguf"
+        code, _, err = cli(capsys, command, str(source), str(missing))
+        one_line_error(code, err, "there is no directory")
+
+
+def test_ctrl_c_while_the_libraries_import_exits_130_without_a_traceback(capsys, monkeypatch):
+    """The console script's entry imports nothing heavy: `import edgespec.cli` loads neither
+    llama.cpp nor numpy, so a Ctrl+C during their import (half a second) is caught."""
+    import edgespec.cli
+
+    class ImportingApp:  # a Ctrl+C that lands while edgespec.cli.app is being imported
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "edgespec.cli.app", ImportingApp())
+    assert edgespec.cli.main() == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    light = subprocess.run(
+        [sys.executable, "-c", "import sys, edgespec.cli; print(sorted({'llama_cpp', 'numpy', "
+         "'typer'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert light.stdout.strip() == "[]"
+
+
+def test_ctrl_c_with_json_prints_the_object_so_far_as_interrupted(capsys, smol_path, monkeypatch):
+    from edgespec.engine import Stream
+
+    commit = Stream._commit
+
+    def commit_then_ctrl_c(self, token):
+        if len(self.run.generated) == 5:
+            raise KeyboardInterrupt
+        return commit(self, token)
+
+    monkeypatch.setattr(Stream, "_commit", commit_then_ctrl_c)
+    code, out, err = cli(
+        capsys, "run", "-m", str(smol_path), "--mode", "target", "--json", "-n", "50", "Hello"
+    )
+    result = json.loads(out)
+    assert code == 130 and err.strip() == "interrupted"
+    assert len(result["tokens"]) == 5 and result["text"]
+    assert result["stats"]["finish_reason"] == "interrupted"
+    assert result["stats"]["n_generated"] == 5
+
+
 def test_an_interrupted_bench_clears_its_progress_line_and_says_so(capsys, smol_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -337,6 +391,21 @@ def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
     assert proc.returncode == 130
     assert first and (first + rest).strip()
     assert b"Traceback" not in err and b"interrupted" in err
+
+
+def test_a_reader_that_goes_away_is_not_an_error(smol_path):
+    """`edgespec run ... | head -c 20` exits 0 and says nothing: a script with `set -o pipefail`
+    must not fail on it (typer turned the broken pipe into exit 1)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "--mode", "target",
+         "-n", "1000", "-t", "1", "--raw", "Once upon a time"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(20)
+    proc.stdout.close()  # as head does once it has its 20 bytes
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and err == b""
 
 
 def test_the_console_script_is_installed_and_shows_help_with_run_and_chat_first():

@@ -246,6 +246,12 @@ def test_a_narrowed_draft_without_its_original_is_one_clear_line(
     one_line_error(code, err, narrowed.name, "missing")
 
 
+def test_a_narrowed_draft_cannot_be_a_target(capsys, narrowed, smol_q4_0):
+    """Its logits cover 8,192 tokens: as a target it wrote nonsense, or nothing, with exit 0."""
+    code, _, err = cli(capsys, "run", "-m", str(narrowed), "--mode", "target", "Hi")
+    one_line_error(code, err, narrowed.name, "narrowed draft", smol_q4_0.name)
+
+
 def test_the_narrow_command_writes_a_copy_next_to_the_draft(capsys, tmp_path, smol_q4_0):
     draft = tmp_path / smol_q4_0.name
     shutil.copy(smol_q4_0, draft)
