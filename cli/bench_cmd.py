@@ -88,11 +88,10 @@ def bench(
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench
-    from edgespec.config import Settings
     from edgespec.errors import BadSettingError
     from edgespec.sampling import SamplingParams
 
-    from .app import DEFAULT_TARGET, resolve_draft, resolve_model
+    from .app import DEFAULT_TARGET, resolve, resolve_draft, resolve_model
 
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
     if modes:  # so does an unknown mode (whether a draft is needed is known once it resolved)
@@ -102,8 +101,10 @@ def bench(
         if max_tokens < 1:
             raise BadSettingError(f"--max-tokens must be at least 1 (got {max_tokens})")
         selected = [replace(p, max_tokens=max_tokens) for p in selected]
-    target_path = resolve_model(target, DEFAULT_TARGET)
-    draft_path = resolve_draft(Settings(target=target, draft=draft, draft_threads=threads))
+    # The models `run` would take: flags, else EDGESPEC_TARGET / EDGESPEC_DRAFT or config.toml.
+    settings = resolve(dict(target=target, draft=draft))
+    target_path = resolve_model(settings.target, DEFAULT_TARGET)
+    draft_path = resolve_draft(replace(settings, draft_threads=threads))
     assert target_path is not None
     mode_list = _split(modes) if modes else available_modes(draft_path is not None)
 

@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec.config import Settings
 from edgespec.cores import format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError
 from edgespec.overlap import OverlapReport, measure_overlap
@@ -61,16 +60,23 @@ def profile(
     # Imported here: app.py imports this module to register the command.
     from edgespec.engine import default_threads
 
-    from .app import DEFAULT_TARGET, resolve_draft, resolve_model
+    from .app import DEFAULT_TARGET, resolve, resolve_draft, resolve_model
 
-    target_path = resolve_model(target, DEFAULT_TARGET)
+    # The models, threads and CPUs `run` would take: flags, else EDGESPEC_* or config.toml.
+    settings = resolve(
+        dict(
+            target=target, draft=draft, threads=threads, target_cpus=target_cpus,
+            draft_cpus=draft_cpus,
+        )
+    )  # fmt: skip
+    target_cpus, draft_cpus = settings.target_cpus, settings.draft_cpus
+    target_path = resolve_model(settings.target, DEFAULT_TARGET)
     assert target_path is not None
-    n_threads = threads or default_threads()
+    n_threads = settings.threads or default_threads()
     # With no model named, the draft `run` uses: the default one in its fastest form here (made
     # and timed now if it has not been), not the file fetched, which `run` may never load. Chosen
     # with the draft's threads as `run` places them, so both find the same choice record (with
     # -t's count instead, on a phone each would time the forms again for its own count).
-    settings = Settings(target=target, draft=draft, target_cpus=target_cpus, draft_cpus=draft_cpus)
     draft_path = resolve_draft(settings)
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")

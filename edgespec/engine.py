@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -334,9 +334,13 @@ class Engine:
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
+        self._open_rounds: Generator[list[int], None, None] | None = None  # see _begin
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
+        # Its rows span the target's vocabulary, which verification compares them with: a pair's
+        # sizes may differ by up to 128 (Qwen2.5's 0.5B has 151,936 tokens, its 7B 152,064).
         self._draft_vocab = draft.vocab_size if draft else 0
-        self._q_rows = np.empty((0, self._draft_vocab), dtype=np.float32)
+        self._q_rows = np.empty((0, target.n_vocab if draft else 0), dtype=np.float32)
+        self._draft_ids = np.arange(draft.n_vocab if draft else 0)  # where the sizes differ
         # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
         self._draft_head = draft.head if draft is not None else None
         self._draft_id_list = self._draft_head.ids if self._draft_head else None
@@ -529,7 +533,17 @@ class Engine:
         assert stream.result is not None
         return stream.result
 
-    def _rounds(self, run: _Run) -> Iterator[list[int]]:
+    def _begin(self, run: _Run) -> Generator[list[int], None, None]:
+        """The rounds of a new generation. One still open (a stream left unfinished and kept
+        alive by a reference) is closed first: its end settles the caches, and settled later,
+        after this one had used them, it set them back to its own text (the next prompt then
+        reused cells that held another)."""
+        if self._open_rounds is not None:
+            self._open_rounds.close()
+        self._open_rounds = self._rounds(run)
+        return self._open_rounds
+
+    def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
         stats, cfg = run.stats, run.cfg
         t0 = time.perf_counter()
@@ -725,17 +739,30 @@ class Engine:
         return candidates if ids is None else [(ids[t], p) for t, p in candidates]
 
     def _draft_probs(self, row: np.ndarray, params: SamplingParams, out: np.ndarray) -> None:
-        """The draft's distribution from its logits row, over every token id, into `out`."""
-        if self._draft_head is None:
-            out[:] = probs_from_logits(row, params)
-        else:  # the tokens a narrowed draft cannot propose have probability 0
-            out.fill(0.0)
-            out[self._draft_head.id_array] = probs_from_logits(row, params)
+        """The draft's distribution from its logits row, over the target's token ids, into `out`.
+        Tokens only the draft has are never drawn (their mass goes to the others): the target
+        could not evaluate them. Tokens only the target has have probability 0."""
+        probs = probs_from_logits(row, params)
+        if self._draft_head is None and len(probs) == len(out):  # the usual case
+            out[:] = probs
+            return
+        ids = self._draft_head.id_array if self._draft_head is not None else self._draft_ids
+        out.fill(0.0)  # also what a narrowed draft cannot propose
+        if self._draft_vocab <= len(out):
+            out[ids] = probs
+            return
+        kept = ids < len(out)
+        out[ids[kept]] = probs[kept]
+        mass = out.sum()
+        if mass > 0:
+            out /= mass
+        else:  # all of it on tokens the target lacks: any q keeps the target's distribution
+            out[0] = 1.0
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
         if self._q_rows.shape[0] < n:  # rare; the rows the pipeline carried over are kept
-            grown = np.empty((n, self._draft_vocab), dtype=np.float32)
+            grown = np.empty((n, self._q_rows.shape[1]), dtype=np.float32)
             grown[: self._q_rows.shape[0]] = self._q_rows
             self._q_rows = grown
         return self._q_rows
@@ -1454,7 +1481,7 @@ class Stream:
 
     def __iter__(self) -> Iterator[str]:
         run, stops = self.run, self._stops
-        rounds = self.engine._rounds(run)
+        rounds = self.engine._begin(run)
         ended = False  # not cut short by the caller (Ctrl+C, an iterator closed early)
         try:
             for decided in rounds:

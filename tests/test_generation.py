@@ -156,6 +156,27 @@ def test_after_many_rounds_the_target_cache_holds_exactly_the_committed_tokens(q
     assert np.abs(continued - fresh).mean() <= 1.25 * numerics + 0.01
 
 
+def test_a_stream_left_unfinished_does_not_touch_the_caches_of_later_generations(
+    q2_draft_engine, plain_engine
+):
+    """A stream abandoned mid-way but kept alive (a saved iterator, a traceback in a notebook)
+    settled the caches when it was finally collected, after later generations: the next prompt
+    then reused cells that held another text (plain decoding answered A by continuing B)."""
+    import gc
+
+    engine = q2_draft_engine
+    a = engine.prompt_tokens("Name three colors.")
+    b = engine.prompt_tokens("Write a Python function that adds two numbers.")
+    left = iter(engine.stream(a, max_tokens=30, mode="chain"))
+    assert next(left)
+    engine.generate(b, max_tokens=10, mode="chain")
+    del left
+    gc.collect()
+    again = engine.generate(a, max_tokens=20, mode="target").tokens
+    reference = plain_engine.generate(a, max_tokens=20, mode="target").tokens
+    assert_same_or_near_tie(plain_engine, a, reference, again)
+
+
 def test_the_draft_cache_never_runs_ahead_of_the_committed_tokens(q2_draft_engine):
     engine = q2_draft_engine
     prompt = engine.prompt_tokens(PROMPTS[2])

@@ -403,6 +403,19 @@ def test_profile_quick_json_reports_the_curve_and_saves_it(home, runner_app, smo
     assert report["target"]["flash_attn"] == faster_attention(with_flash, without)
 
 
+def test_profile_takes_the_target_and_threads_run_would_take_from_the_environment(
+    home, runner_app, smol_path, monkeypatch
+):
+    """EDGESPEC_TARGET / EDGESPEC_THREADS (or config.toml) name what `run` loads: the profile is
+    of that model at those threads, not of the default Qwen (which it went to download)."""
+    monkeypatch.setenv("EDGESPEC_TARGET", str(smol_path))
+    monkeypatch.setenv("EDGESPEC_THREADS", "1")
+    result = CliRunner().invoke(runner_app, ["profile", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["target"]["model_file"] == smol_path.name
+    assert load_profile(smol_path, n_threads=1) is not None
+
+
 def test_a_profile_says_which_attention_it_chose_and_what_each_took(home, runner_app, smol_path):
     args = ["profile", "-m", str(smol_path), "-t", "2", "--quick"]
     result = CliRunner().invoke(runner_app, args)

@@ -13,9 +13,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
+import edgespec
 from edgespec.sampling import SamplingParams, probs_from_logits
 
-from .helpers import fresh_logits
+from .conftest import N_CTX
+from .helpers import fresh_logits, with_extra_tokens
 from .test_sampling import chi_square_critical
 
 PROMPT = "My favourite food is"  # a spread-out first token: 15-24 cells to compare
@@ -80,6 +82,46 @@ def test_first_two_tokens_follow_the_target_distribution(q2_draft_engine, mode, 
     assert ok, f"first token: chi-square {stat:.1f} >= {crit:.1f}"
     ok, stat, crit = chi_square_passes(pairs, joint, N)
     assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
+@pytest.fixture(scope="module")
+def wider_q2_draft(tmp_path_factory, smol_q2_k):
+    """The Q2_K draft with 64 tokens more than the target (Qwen2.5's 0.5B and 7B differ so)."""
+    return with_extra_tokens(smol_q2_k, tmp_path_factory.mktemp("wide") / "q2-wide.gguf", 64)
+
+
+def test_a_draft_with_more_tokens_than_the_target_keeps_its_distribution(smol_path, wider_q2_draft):
+    """Its rows were 64 longer than the target's, and every sampled chain failed at its first
+    rejected token; tokens only the draft has must never be proposed."""
+    engine = edgespec.load(smol_path, draft=wider_q2_draft, n_ctx=N_CTX)
+    assert engine.draft.n_vocab == engine.target.n_vocab + 64
+    params = SamplingParams(**SETTINGS["temp 1"])
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    _, joint = exact_joint(engine, prompt, params, min_count=5)
+    pairs, drafted = Counter(), 0
+    for seed in range(N):
+        result = engine.generate(
+            prompt, max_tokens=2, mode="chain", seed=seed, **SETTINGS["temp 1"]
+        )
+        pairs[tuple(result.tokens[:2])] += 1
+        drafted += result.stats.draft_tokens
+    assert drafted > N / 2
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+    for mode in ("tree", "auto"):  # the tree's rows and auto's chains: no error
+        assert engine.generate(prompt, max_tokens=24, mode=mode, seed=1, temperature=0.9).tokens
+
+
+def test_a_target_with_more_tokens_than_the_draft_samples_in_every_mode(
+    tmp_path_factory, smol_path, smol_q2_k
+):
+    wider = with_extra_tokens(smol_path, tmp_path_factory.mktemp("wide") / "target-wide.gguf", 64)
+    engine = edgespec.load(wider, draft=smol_q2_k, n_ctx=N_CTX)
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    for mode in ("chain", "tree", "auto"):
+        for seed in range(3):
+            result = engine.generate(prompt, max_tokens=24, mode=mode, seed=seed, temperature=0.9)
+            assert result.tokens and result.stats.finish_reason in ("length", "stop")
 
 
 def test_the_check_catches_a_wrong_distribution(q2_draft_engine):
