@@ -28,6 +28,7 @@ from __future__ import annotations
 import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,47 +93,72 @@ def write_narrowed(src: Path, dst: Path, token_ids: np.ndarray) -> None:
     `token_ids` (sorted), with the metadata that maps them back (gguf_info.NARROWED_*)."""
     import gguf
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    tokens = gguf.GGUFReader(src).fields["tokenizer.ggml.tokens"].contents()
     kept_texts = {tokens[i] for i in token_ids}
     new_id = {int(old): new for new, old in enumerate(token_ids)}
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name in PER_TOKEN_FIELDS:
-            value = [value[i] for i in token_ids]
-        elif field.name == "tokenizer.ggml.merges":  # those that make a kept token from kept ones
-            value = [
+
+    def edit(name: str, value: Any) -> Any:
+        if name in PER_TOKEN_FIELDS:
+            return [value[i] for i in token_ids]
+        if name == "tokenizer.ggml.merges":  # those that make a kept token from kept ones
+            return [
                 m
                 for m in value
                 if m.replace(" ", "", 1) in kept_texts
                 and all(part in kept_texts for part in m.split(" ", 1))
             ]
-        elif field.name.startswith("tokenizer.ggml.") and field.name.endswith("_token_id"):
-            if int(value) not in new_id:
-                continue  # llama.cpp falls back to its default, which is never used here
-            value = new_id[int(value)]
-        elif field.name == "general.name":
-            value = f"{value} (output narrowed to {len(token_ids)} tokens)"
+        if name.startswith("tokenizer.ggml.") and name.endswith("_token_id"):
+            # llama.cpp falls back to its default for one that is gone, never used here
+            return new_id.get(int(value), DROP)
+        if name == "general.name":
+            return f"{value} (output narrowed to {len(token_ids)} tokens)"
+        return value
+
+    def added(writer: gguf.GGUFWriter) -> None:
+        writer.add_string(NARROWED_FROM, src.name)
+        writer.add_uint32(NARROWED_VOCAB, len(tokens))
+        writer.add_key_value(
+            NARROWED_IDS,
+            [int(i) for i in token_ids],
+            gguf.GGUFValueType.ARRAY,
+            sub_type=gguf.GGUFValueType.UINT32,
+        )
+
+    rewrite_gguf(src, dst, edit, token_ids, added)
+
+
+DROP = object()  # what rewrite_gguf's `edit` returns for a field to leave out
+
+
+def rewrite_gguf(
+    src: Path,
+    dst: Path,
+    edit: Callable[[str, Any], Any],
+    token_rows: Sequence[int] | np.ndarray,
+    add: Callable[[Any], None] = lambda writer: None,
+) -> None:
+    """A copy of the GGUF `src` at `dst`: each metadata field's value as `edit(name, value)` makes
+    it (DROP: left out), `add(writer)` writes new ones, and the embedding and output tables keep
+    the rows `token_rows`, in that order (one row per token, quantized or not)."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value = edit(field.name, field.contents())
+        if value is DROP:
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
-    writer.add_string(NARROWED_FROM, src.name)
-    writer.add_uint32(NARROWED_VOCAB, len(tokens))
-    writer.add_key_value(
-        NARROWED_IDS,
-        [int(i) for i in token_ids],
-        gguf.GGUFValueType.ARRAY,
-        sub_type=gguf.GGUFValueType.UINT32,
-    )
+    add(writer)
     tensors = []
     for tensor in reader.tensors:
         data = tensor.data
         if tensor.name in ("token_embd.weight", "output.weight"):
-            data = np.ascontiguousarray(data[token_ids])  # one row per token, quantized or not
+            data = np.ascontiguousarray(data[token_rows])
         tensors.append(data)
         writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type)
     writer.write_header_to_file()

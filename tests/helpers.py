@@ -97,38 +97,18 @@ def with_extra_tokens(src: Path, dst: Path, extra: int) -> Path:
     """A copy of the GGUF `src` whose vocabulary has `extra` more tokens at its end (their rows
     of the embedding and output tables copy the last token's), as a model of the same family
     with a padded vocabulary has: llama.cpp pairs vocabularies up to 128 tokens apart."""
-    import gguf
+    from edgespec.draft_head import rewrite_gguf
+    from edgespec.gguf_info import read_gguf
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
-    rows = list(range(n_vocab)) + [n_vocab - 1] * extra
+    n_vocab = read_gguf(src).n_vocab
     added = {
         "tokenizer.ggml.tokens": [f"<extra_{i}>" for i in range(extra)],
         "tokenizer.ggml.token_type": [4] * extra,  # user defined
         "tokenizer.ggml.scores": [0.0] * extra,
     }
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name in added:
-            value = list(value) + added[field.name]
-        writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
-    tensors = []
-    for tensor in reader.tensors:
-        data = tensor.data
-        if tensor.name in ("token_embd.weight", "output.weight"):
-            data = np.ascontiguousarray(data[rows])
-        tensors.append(data)
-        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for data in tensors:
-        writer.write_tensor_data(data, tensor_endianess=reader.endianess)
-    writer.close()
+
+    def edit(name: str, value):
+        return [*value, *added[name]] if name in added else value
+
+    rewrite_gguf(src, dst, edit, [*range(n_vocab), *[n_vocab - 1] * extra])
     return dst

@@ -257,6 +257,12 @@ def test_text_that_was_not_utf8_is_asked_and_saved(small_engine, tmp_path):
     conversation.save(tmp_path / "chat.json")  # a lone surrogate made saving fail
 
 
+def test_a_chat_template_that_fails_is_an_error_at_the_start(small_engine):
+    """Before, every question failed with it and the chat went on (and exited 0)."""
+    with pytest.raises(EdgespecError, match="chat template"):
+        Conversation(small_engine, template="{{ raise_exception('roles must alternate') }}")
+
+
 def test_a_message_too_long_for_the_context_is_an_error_and_changes_nothing(small_engine):
     conversation = Conversation(small_engine)
     conversation.messages = turns(1, words=2)
