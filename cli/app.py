@@ -102,7 +102,11 @@ def read_stdin(read: Callable[[IO], str | bytes]) -> str:
 
 
 def load_engine(
-    settings: Settings, verbose: bool, pipeline: bool | None = None, profile: bool = True
+    settings: Settings,
+    verbose: bool,
+    pipeline: bool | None = None,
+    profile: bool = True,
+    adapt_threads: bool = True,
 ) -> Engine:
     """The engine the settings ask for; the default pair is fetched on first use, and with
     `profile` this device's costs are measured on first use (`profile_if_needed`)."""
@@ -121,6 +125,7 @@ def load_engine(
         target_cpus=settings.target_cpus,
         draft_cpus=settings.draft_cpus,
         pipeline=pipeline,
+        adapt_threads=adapt_threads,
         verbose=verbose,
     )
     if profile:
@@ -169,6 +174,7 @@ def run(
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
     pipeline: opt.Pipeline = None,
+    adapt_threads: opt.AdaptThreads = True,
     stop: Annotated[
         list[str] | None, typer.Option(help="Stop when this text appears (repeatable)")
     ] = None,
@@ -221,7 +227,7 @@ def run(
 
     # Bad values fail before any model is loaded or measured.
     GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
-    engine = load_engine(settings, verbose, pipeline, profile=False)
+    engine = load_engine(settings, verbose, pipeline, profile=False, adapt_threads=adapt_threads)
     # A prompt longer than the context fails here, before a first use's measuring.
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     profile_if_needed(engine, settings)

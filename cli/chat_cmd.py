@@ -61,6 +61,7 @@ def chat(
     ctx_size: opt.CtxSize = None,
     draft_max: opt.DraftMax = None,
     pipeline: opt.Pipeline = None,
+    adapt_threads: opt.AdaptThreads = True,
     system: opt.System = None,
     chat_template: Annotated[
         Path | None,
@@ -84,7 +85,7 @@ def chat(
     template = read_template(chat_template) if chat_template else None
     # Bad values fail before any model is loaded or measured.
     GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
-    engine = load_engine(settings, verbose, pipeline)
+    engine = load_engine(settings, verbose, pipeline, adapt_threads=adapt_threads)
     repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
     repl.run()
 

@@ -57,10 +57,22 @@ Seed = Annotated[
 ]
 Threads = Annotated[
     int | None,
-    typer.Option("--threads", "-t", help="Target threads [default: one per --target-cpus CPU]"),
+    typer.Option(
+        "--threads",
+        "-t",
+        help="Target threads, at most (see --fixed-threads) [default: one per --target-cpus CPU]",
+    ),
 ]
 DraftThreads = Annotated[
-    int | None, typer.Option(help="Draft threads [default: one per --draft-cpus CPU]")
+    int | None, typer.Option(help="Draft threads, at most [default: one per --draft-cpus CPU]")
+]
+AdaptThreads = Annotated[
+    bool,
+    typer.Option(
+        "--adapt-threads/--fixed-threads",
+        help="Use a thread fewer while other programs keep a core busy, where that is faster "
+        "(a thread on a shared core holds the others back), and all again when it is free",
+    ),
 ]
 TargetCpus = Annotated[
     str | None,

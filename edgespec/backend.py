@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,9 +25,11 @@ from .cores import PinnedThread
 from .draft_head import NarrowedHead, RowDequantizer
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
+from .governor import ThreadGovernor
 from .text import valid_text
 
 _verbose = False
+GOVERNED_UP_TO = 32  # tokens: longer passes (prompts) tell the governor nothing it can use
 # ggml's log levels (ggml.h; llama-cpp-python's _logger.py numbers them one lower).
 _LOG_WARN, _LOG_ERROR = 3, 4
 
@@ -321,6 +323,9 @@ class Context:
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self._narrowed_views: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.decode_s = 0.0  # seconds spent inside llama_decode, ever: the rest is our overhead
+        self.max_threads = self.threads = n_threads
+        self.governor: ThreadGovernor | None = None  # see govern
+        self._relative_costs: list[float] = []
 
     def decode(
         self,
@@ -398,6 +403,34 @@ class Context:
         """`decode` with logits for every row: a verification pass."""
         return self.decode(tokens, start_pos, logits="all")
 
+    def govern(
+        self, governor: ThreadGovernor | None, relative_cost: Callable[[int], float]
+    ) -> None:
+        """Let `governor` choose the threads of each decode from the times of the last ones,
+        judging a pass of k tokens by `relative_cost(k)` (its cost in plain steps); None: always
+        `max_threads`. Passes longer than GOVERNED_UP_TO tokens (prompts) are not judged."""
+        self.governor = governor
+        self._relative_costs = [0.0] + [relative_cost(k) for k in range(1, GOVERNED_UP_TO + 1)]
+        self.set_threads(self.max_threads)
+
+    def set_threads(self, n_threads: int) -> None:
+        """Decode with `n_threads` from the next decode on (llama.cpp reads it at each one)."""
+        if n_threads != self.threads:
+            ll.llama_set_n_threads(self._ctx, n_threads, n_threads)
+            self.threads = n_threads
+
+    @contextmanager
+    def fixed_threads(self) -> Iterator[None]:
+        """`max_threads` and no governor inside (a measurement of this device's costs)."""
+        governor, self.governor = self.governor, None
+        self.set_threads(self.max_threads)
+        try:
+            yield
+        finally:
+            self.governor = governor
+            if governor is not None:
+                self.set_threads(governor.threads)
+
     def _run(self, batch: ll.llama_batch, n_out: int) -> np.ndarray:
         """llama_decode on the filled batch; a view of its `n_out` logits rows."""
         t0 = time.perf_counter()
@@ -405,7 +438,13 @@ class Context:
             status = ll.llama_decode(self._ctx, batch)
         else:
             status = self.pinned.call(ll.llama_decode, self._ctx, batch)
-        self.decode_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.decode_s += elapsed
+        n = batch.n_tokens
+        if self.governor is not None and n <= GOVERNED_UP_TO:
+            threads = self.governor.observe(elapsed, self._relative_costs[n])
+            if threads != self.threads:
+                self.set_threads(threads)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:

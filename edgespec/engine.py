@@ -25,6 +25,7 @@ from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, th
 from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
 from .gguf_info import GGUFInfo, check_pair, read_gguf
+from .governor import ThreadGovernor
 from .ngram import NgramDrafter, Proposal
 from .policy import (
     Arm,
@@ -286,10 +287,13 @@ class Engine:
         draft_threads: int | None = None,
         placement: Placement | None = None,
         pipeline: bool | None = None,
+        adapt_threads: bool = True,
     ):
         """`pipeline`: LLMCad's pipeline for chains (chain and auto modes), the draft drafting
         on while the target verifies, each on CPUs of its own. None: where `edgespec profile
-        --overlap` measured it paying on this device with these models and CPUs."""
+        --overlap` measured it paying on this device with these models and CPUs.
+        `adapt_threads`: `threads` and `draft_threads` are the most each model uses; fewer
+        while other programs keep cores busy (governor.py). False: always that many."""
         if n_ctx < 16:
             raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
         self.placement = placement or plan_placement()
@@ -330,6 +334,9 @@ class Engine:
                 pinned=pinned_thread(self.placement.draft_cpus, "draft"),
                 flash_attn=self.draft_profile.flash_attn if self.draft_profile else None,
             )
+        self.adapt_threads = adapt_threads
+        self._past_switches = 0  # made by governors replaced since (_govern)
+        self._govern()
         self.n_ctx = self.target_ctx.n_ctx
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []
@@ -420,11 +427,30 @@ class Engine:
                 self._price_passes_by(measured)
             else:
                 self.draft_profile = measured
+        if measured_now:
+            self._govern()  # against what was just measured
         # Profiles from different hours do not tell what a draft step costs in target steps:
         # time both now, unless an earlier run on this device already did.
         unknown = measured_now or self._memory.draft_cost is None
         if self.draft_ctx is not None and unknown and not self._profiles_together():
             self._time_draft_cost()
+
+    def _govern(self) -> None:
+        """A thread governor for each model, judging its decodes against its profile (its
+        step on a quiet device, its curve), or, without one, the fastest steps it has seen."""
+        if not self.adapt_threads:
+            return
+        self._past_switches = self.thread_switches()
+        for ctx, profile in ((self.target_ctx, self.profile), (self.draft_ctx, self.draft_profile)):
+            if ctx is not None:
+                governor = ThreadGovernor(ctx.max_threads, profile.step_s if profile else None)
+                ctx.govern(governor, profile.relative if profile else _default_curve)
+
+    def thread_switches(self) -> int:
+        """How often the governors have changed a model's threads, so far."""
+        contexts = (self.target_ctx, self.draft_ctx)
+        now = sum(c.governor.switches for c in contexts if c is not None and c.governor)
+        return self._past_switches + now
 
     def _price_passes_by(self, profile: DeviceProfile | None) -> None:
         """The target's profile, and what auto prices its passes with: the profile's curve at
@@ -1471,6 +1497,7 @@ class Stream:
         )
         if cfg.mode in ("tree", "auto"):
             self.stats.tree = TreeStats()
+        self._switches_before = engine.thread_switches()
         self.run = _Run(
             tokens=list(prompt_tokens), n_prompt=len(prompt_tokens), cfg=cfg, stats=self.stats
         )
@@ -1505,6 +1532,11 @@ class Stream:
             self.stats.n_generated = len(run.generated)
             self.stats.finish(self._reason or ("context" if ended else "interrupted"))
             self.stats.threads_by_cpus = threads_by_cpus()
+            engine = self.engine
+            self.stats.thread_switches = engine.thread_switches() - self._switches_before
+            for role, ctx in (("target", engine.target_ctx), ("draft", engine.draft_ctx)):
+                if ctx is not None:
+                    self.stats.threads[role] = f"{ctx.threads}/{ctx.max_threads}"
             self.result = Result("".join(self._text), list(run.generated), self.stats)
 
     def _commit(self, token: int) -> str:
@@ -1544,13 +1576,14 @@ def load(
     target_cpus: str | None = None,
     draft_cpus: str | None = None,
     pipeline: bool | None = None,
+    adapt_threads: bool = True,
     verbose: bool = False,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
 
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
-    `pipeline`: see Engine.
+    `pipeline`, `adapt_threads`: see Engine.
     """
     from .backend import set_verbose
 
@@ -1577,6 +1610,7 @@ def load(
         draft_threads=draft_threads,
         placement=placement,
         pipeline=pipeline,
+        adapt_threads=adapt_threads,
     )
 
 

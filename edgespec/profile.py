@@ -158,36 +158,38 @@ def measure_times(
         ctx.seq_rm(0, context_tokens, -1)
         return elapsed
 
-    started = time.perf_counter()
-    ctx.clear()
-    if prefix:
-        ctx.decode(prefix, 0, logits="none")
-    # Warm-up: the first passes pay for allocating buffers and for cold caches. Once the largest
-    # pass has run, the first pass of each smaller size takes what its next ones take (here:
-    # 5, 6, 7, 3 tokens 221 / 323 / 363 / 186 ms first, 217-259 / 318-334 / 353-358 / 182-186
-    # ms after), so only it and a step are warmed, not every size: that time goes to measuring.
-    for k in dict.fromkeys((ks[-1], 1)):  # one step alone where only steps are measured
-        timed_pass(k)
-    times: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
+    # A profile is of the threads the context was made with, whatever its governor chose.
+    with ctx.fixed_threads():
+        started = time.perf_counter()
+        ctx.clear()
+        if prefix:
+            ctx.decode(prefix, 0, logits="none")
+        # Warm-up: the first passes pay for allocating buffers and for cold caches. Once the largest
+        # pass has run, the first pass of each smaller size takes what its next ones take (here:
+        # 5, 6, 7, 3 tokens 221 / 323 / 363 / 186 ms first, 217-259 / 318-334 / 353-358 / 182-186
+        # ms after), so only it and a step are warmed, not every size: that time goes to measuring.
+        for k in dict.fromkeys((ks[-1], 1)):  # one step alone where only steps are measured
+            timed_pass(k)
+        times: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
 
-    def time_pass_after_step(k: int) -> None:
-        step = timed_pass(1)
-        times[k].append((step, step if k == 1 else timed_pass(k)))
+        def time_pass_after_step(k: int) -> None:
+            step = timed_pass(1)
+            times[k].append((step, step if k == 1 else timed_pass(k)))
 
-    order = random.Random(SHUFFLE_SEED)
-    for _ in range(repeats):
-        for k in order.sample(ks, len(ks)):
-            time_pass_after_step(k)
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            break
-    # Past the budget, sizes that came out of order get the rounds they missed: a size priced
-    # too dear is never verified, so never timed again (a quick profile here put T(5) at 3.47
-    # steps and T(6) at 2.76, one pass each, and the passes auto timed in the 100 minutes of
-    # benches after it include none of 5 tokens).
-    while again := [k for k in out_of_order(times) if len(times[k]) < repeats]:
-        for k in again:
-            time_pass_after_step(k)
-    return times
+        order = random.Random(SHUFFLE_SEED)
+        for _ in range(repeats):
+            for k in order.sample(ks, len(ks)):
+                time_pass_after_step(k)
+            if budget_s is not None and time.perf_counter() - started > budget_s:
+                break
+        # Past the budget, sizes that came out of order get the rounds they missed: a size priced
+        # too dear is never verified, so never timed again (a quick profile here put T(5) at 3.47
+        # steps and T(6) at 2.76, one pass each, and the passes auto timed in the 100 minutes of
+        # benches after it include none of 5 tokens).
+        while again := [k for k in out_of_order(times) if len(times[k]) < repeats]:
+            for k in again:
+                time_pass_after_step(k)
+        return times
 
 
 # Up to this size a pass of the Qwen 1.5B target (Q4_K_M) over more tokens never cost less than

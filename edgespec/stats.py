@@ -82,6 +82,11 @@ class Stats:
     # Read back from the kernel when generation ended: how many of the process's threads may
     # run on each CPU set ({"0-3": 5, "4-7": 2}), i.e. where llama.cpp's workers really are.
     threads_by_cpus: dict[str, int] = field(default_factory=dict)
+    # The threads each model decoded with when generation ended, of the most it may use
+    # ({"target": "1/2"}), and how often they changed during it: fewer while other programs
+    # kept cores busy (governor.py).
+    threads: dict[str, str] = field(default_factory=dict)
+    thread_switches: int = 0
 
     def record_choice(self, choice: str) -> None:
         self.choices[choice] = self.choices.get(choice, 0) + 1
@@ -160,4 +165,10 @@ class Stats:
             line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"
         if self.choices:
             line += ", rounds " + " ".join(f"{what} {n}" for what, n in self.choices.items())
+        if self.thread_switches:
+            now = " ".join(f"{role} {n}" for role, n in self.threads.items())
+            line += (
+                f", threads changed {self.thread_switches}x as other programs took cores"
+                f" (now {now})"
+            )
         return line

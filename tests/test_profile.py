@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -583,6 +584,9 @@ class DriftingMachine:
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None: ...
 
+    def fixed_threads(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
 
 def test_a_machine_slowing_down_while_measured_still_gives_the_devices_curve(monkeypatch):
     machine = DriftingMachine(total_ms=100.0)  # about the length of the 5 rounds below
@@ -620,6 +624,9 @@ class HiccupMachine:
     def clear(self) -> None: ...
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None: ...
+
+    def fixed_threads(self) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 # Shaped like this Zen 3's curve, in ms (a step 100): rising up to 8, and 16 little dearer than 8.
