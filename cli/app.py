@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
 
@@ -43,6 +46,34 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        import edgespec
+
+        try:
+            llama = f"llama-cpp-python {version('llama-cpp-python')}"
+        except PackageNotFoundError:  # pragma: no cover - edgespec cannot run without it
+            llama = "llama-cpp-python not installed"
+        print(f"edgespec {edgespec.__version__} ({llama})")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=print_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Faster LLM generation on CPUs by speculative decoding (draft proposes, target verifies)."""
+
+
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 err = Console(stderr=True, highlight=False)
@@ -101,20 +132,40 @@ def read_stdin(read: Callable[[IO], str | bytes]) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else valid_text(data)
 
 
+@contextmanager
+def sources_named(settings: Settings) -> Iterator[None]:
+    """A bad value's error says where the value came from when that was not a flag: a
+    `--temp must be >= 0` the user never typed is EDGESPEC_TEMP's, or config.toml's."""
+    try:
+        yield
+    except BadSettingError as e:
+        match = re.match(r"--([a-z][a-z-]*)", str(e))
+        source = settings.source(match.group(1).replace("-", "_")) if match else "flag"
+        if source in ("flag", "default"):
+            raise
+        raise BadSettingError(f"{e} (set by {source})") from None
+
+
 def load_engine(
     settings: Settings,
     verbose: bool,
     pipeline: bool | None = None,
     profile: bool = True,
     adapt_threads: bool = True,
+    named_draft: bool = False,
 ) -> Engine:
     """The engine the settings ask for; the default pair is fetched on first use, and with
-    `profile` this device's costs are measured on first use (`profile_if_needed`)."""
+    `profile` this device's costs are measured on first use (`profile_if_needed`). With
+    `named_draft` a draft named in the settings is loaded in every mode (a chat may switch to
+    one that drafts)."""
     import edgespec
+    from edgespec.engine import check_threads
 
+    check_threads(settings.threads, settings.draft_threads)  # before any fetching or measuring
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     draft_path = None
-    if settings.mode not in ("target", "ngram"):  # these modes never use a draft: don't load one
+    # target and ngram never use a draft: none is loaded for them, unless named for later
+    if settings.mode not in ("target", "ngram") or (named_draft and settings.draft is not None):
         draft_path = resolve_draft(settings)
     engine = edgespec.load(
         target_path,
@@ -208,6 +259,13 @@ def run(
         min_p=min_p, seed=seed, draft_max=draft_max, system=system,
     )  # fmt: skip
     settings = resolve(flags)
+    if chat is False and settings.system is not None:
+        if settings.source("system") == "flag":
+            raise BadSettingError(
+                "--system needs the chat template: drop --raw, or put it in the prompt"
+            )
+        # One from config.toml or EDGESPEC_SYSTEM is for the prompts that have a template.
+        settings = dataclasses.replace(settings, system=None)
     text = read_prompt(prompt)
     if not text.strip():
         raise BadSettingError("the prompt is empty")
@@ -225,9 +283,10 @@ def run(
     )
     from edgespec.engine import GenerationConfig
 
-    # Bad values fail before any model is loaded or measured.
-    GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
-    engine = load_engine(settings, verbose, pipeline, profile=False, adapt_threads=adapt_threads)
+    with sources_named(settings):
+        # Bad values fail before any model is loaded or measured.
+        GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
+        engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
     # A prompt longer than the context fails here, before a first use's measuring.
     stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
     profile_if_needed(engine, settings)
@@ -270,13 +329,15 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show a GGUF's metadata; with two files, whether they can be a draft/target pair."""
-    from edgespec.gguf_info import pairing_problem, read_gguf
+    from edgespec.gguf_info import pairing_problem, read_gguf, same_token_texts
 
     infos = [read_gguf(file)] + ([read_gguf(other)] if other else [])
     verdict = None
     if other:
-        problem = pairing_problem(infos[0], infos[1])
-        verdict = problem or "yes: same vocabulary"
+        draft, target = infos
+        problem = pairing_problem(draft, target, lambda: same_token_texts(draft, target))
+        same = draft.vocab_digest == target.vocab_digest
+        verdict = problem or f"yes: {'same vocabulary' if same else 'same token texts'}"
     if as_json:
         out: dict[str, object] = {"models": [i.summary() for i in infos]}
         if other:

@@ -29,9 +29,11 @@ if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
     from edgespec.engine import Engine
 
 SETTABLE = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens", "mode", "draft_max")
+AUTO_SETTABLE = ("seed", "mode", "draft_max")  # `/set NAME auto` gives the choice back
 MULTILINE = '"""'
 HELP = f"""\
 /set NAME VALUE   change a setting: {", ".join(SETTABLE)}
+                  ({", ".join(AUTO_SETTABLE)}: auto gives the choice back)
 /show             settings, models and context use
 /stats            the last answer's statistics as JSON
 /clear            forget the conversation
@@ -73,7 +75,13 @@ def chat(
     from edgespec.conversation import Conversation
     from edgespec.engine import GenerationConfig
 
-    from .app import draft_named_or_default, generation_options, load_engine, resolve
+    from .app import (
+        draft_named_or_default,
+        generation_options,
+        load_engine,
+        resolve,
+        sources_named,
+    )
 
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
@@ -84,8 +92,11 @@ def chat(
     settings = resolve(flags)
     template = read_template(chat_template) if chat_template else None
     # Bad values fail before any model is loaded or measured.
-    GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
-    engine = load_engine(settings, verbose, pipeline, adapt_threads=adapt_threads)
+    with sources_named(settings):
+        GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
+        engine = load_engine(
+            settings, verbose, pipeline, adapt_threads=adapt_threads, named_draft=True
+        )
     repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
     repl.run()
 
@@ -253,17 +264,23 @@ class Repl:
         name, text = name.replace("-", "_"), text.strip()
         if name not in SETTABLE or not text:
             raise BadSettingError(f"usage: /set NAME VALUE, NAME one of {', '.join(SETTABLE)}")
-        try:
-            value = KINDS[name](text)
-        except ValueError:
-            raise BadSettingError(f"{name} must be of type {KINDS[name].__name__}") from None
+        value: object
+        if text == "auto" and name in AUTO_SETTABLE:  # back to the default: chosen per answer
+            value = None
+        else:
+            try:
+                value = KINDS[name](text)
+            except ValueError:
+                kind = KINDS[name].__name__
+                also = " or auto" if name in AUTO_SETTABLE else ""
+                raise BadSettingError(f"{name} must be of type {kind}{also}") from None
         settings = dataclasses.replace(self.settings, **{name: value})
         from edgespec.engine import GenerationConfig
 
         engine = self.conversation.engine
         GenerationConfig(**self.generation_options(settings)).validate(engine.draft is not None)
         self.settings = settings
-        print(f"Set {name} to {value}.")
+        print(f"Set {name} to {shown(name, value)}.")
 
     def show(self) -> None:
         engine, settings = self.conversation.engine, self.settings
@@ -271,7 +288,7 @@ class Repl:
         print(f"draft: {engine.draft.path.name if engine.draft else 'none'}")
         for name in SETTABLE:
             value = getattr(settings, name)
-            print(f"{name}: {'auto' if name in ('mode', 'draft_max') and value is None else value}")
+            print(f"{name}: {shown(name, value)}")
         print(f"system: {self.conversation.system or '(none)'}")
         print(f"context: {self.conversation.context_used()}/{engine.n_ctx} tokens")
 
@@ -282,6 +299,11 @@ class Repl:
         out = stats.to_dict()
         out["n_ctx_used"] = stats.n_prompt_tokens + stats.n_generated
         print(json.dumps(out))
+
+
+def shown(name: str, value: object) -> str:
+    """A setting's value as /set takes it: None is "auto" (a random seed, for seed)."""
+    return "auto" if name in AUTO_SETTABLE and value is None else str(value)
 
 
 def catch_up_quietly(engine: Engine) -> None:

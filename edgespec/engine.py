@@ -297,10 +297,9 @@ class Engine:
         if n_ctx < 16:
             raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
         self.placement = placement or plan_placement()
+        check_threads(threads, draft_threads)
         threads = threads or len(self.placement.target_cpus)
         draft_threads = draft_threads or len(self.placement.draft_cpus)
-        if threads < 1 or draft_threads < 1:
-            raise BadSettingError("--threads and --draft-threads must be at least 1")
         self.threads, self.draft_threads = threads, draft_threads
         self.target = target
         self.draft = draft
@@ -508,6 +507,11 @@ class Engine:
                     f"{self.target.path.name} has no chat template; use --raw for plain completion"
                 )
             tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
+        elif system is not None:
+            why = "--raw" if template is not None else f"{self.target.path.name} has none"
+            raise BadSettingError(
+                f"a system message needs the chat template ({why}): put it in the prompt"
+            )
         else:
             tokens = self.target.tokenize(prompt, add_special=True, parse_special=False)
         if len(tokens) >= self.n_ctx:
@@ -1559,6 +1563,13 @@ class Stream:
         return "".join(self._text)
 
 
+def check_threads(threads: int | None, draft_threads: int | None) -> None:
+    """None is one thread per CPU of the model's; a number must be at least 1."""
+    for flag, value in (("--threads", threads), ("--draft-threads", draft_threads)):
+        if value is not None and value < 1:
+            raise BadSettingError(f"{flag} must be at least 1 (got {value})")
+
+
 def default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -1588,7 +1599,8 @@ def load(
     from .backend import set_verbose
 
     set_verbose(verbose)
-    placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists fail before any loading
+    check_threads(threads, draft_threads)  # bad values fail before any loading
+    placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
     target_info = read_gguf(target)
     if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
         raise ModelFileError(

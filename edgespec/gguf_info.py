@@ -303,6 +303,28 @@ def source_of(info: GGUFInfo) -> GGUFInfo:
     return read_gguf(source)
 
 
+def token_texts(info: GGUFInfo) -> list[bytes]:
+    """The text of every token, by id, as the file stores it (tokenizer.ggml.tokens)."""
+    with info.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        tokens = _Header(buf).fields["tokenizer.ggml.tokens"]
+        assert isinstance(tokens, _Array)  # read_gguf checked it
+        texts, at = [], tokens.start
+        for _ in range(tokens.count):
+            (n,) = _U64.unpack_from(buf, at)
+            texts.append(buf[at + 8 : at + 8 + n])
+            at += 8 + n
+        return texts
+
+
+def same_token_texts(draft: GGUFInfo, target: GGUFInfo) -> bool:
+    """llama.cpp's rule for a pair whose vocabularies differ: the texts of the ids both have
+    are equal, but for the first five (special tokens that may differ harmlessly)."""
+    if draft.narrowed_from is not None:
+        draft = source_of(draft)
+    a, b = token_texts(draft), token_texts(target)
+    return all(a[i] == b[i] for i in range(5, min(len(a), len(b))))
+
+
 def pairing_problem(
     draft: GGUFInfo, target: GGUFInfo, texts_match: Callable[[], bool] | None = None
 ) -> str | None:

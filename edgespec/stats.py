@@ -165,6 +165,8 @@ class Stats:
             line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"
         if self.choices:
             line += ", rounds " + " ".join(f"{what} {n}" for what, n in self.choices.items())
+        if self.finish_reason == "context":
+            line += ", stopped: the context is full (a larger --ctx-size holds more)"
         if self.thread_switches:
             now = " ".join(f"{role} {n}" for role, n in self.threads.items())
             line += (

@@ -135,6 +135,12 @@ def test_chat_in_a_terminal(smol_path, tmp_path):
         term.command("/set temp 0.5")
         assert "temp: 0.5" in term.command("/show")
         assert "error: temp must be" in term.command("/set temp warm")
+        term.command("/set seed 7")
+        assert "seed: 7" in term.command("/show")
+        assert "Set seed to auto." in term.command("/set seed auto")
+        assert "seed: auto" in term.command("/show")
+        refused = term.command("/set max_tokens auto")  # it has no automatic value
+        assert "max_tokens must be of type int" in refused and "auto" not in refused.split(":")[-1]
 
         assert "Loaded 4 messages" in term.command(f"/load {first}")
         again = tmp_path / "again.json"
@@ -179,6 +185,20 @@ def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     assert done.returncode == 0, done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 2
     assert done.stdout.strip() and ">>>" not in done.stdout
+
+
+def test_a_chat_started_in_target_mode_with_a_draft_can_switch_to_drafting(smol_path, tmp_path):
+    done = subprocess.run(
+        chat_argv(smol_path, "--draft", str(smol_path)),
+        input="/set mode chain\nHi\n",
+        capture_output=True,
+        text=True,
+        env=chat_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Set mode to chain." in done.stdout
+    assert re.search(r"mode chain, acceptance", done.stderr), done.stderr
 
 
 def test_piped_bytes_that_are_not_utf8_and_an_unclosed_block_are_still_answered(

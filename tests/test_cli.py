@@ -126,6 +126,20 @@ def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, sm
     assert code == 0 and json.loads(out)["pairable"] is False
 
 
+def test_inspect_pairs_what_run_pairs_a_vocabulary_padded_with_extra_tokens(
+    capsys, smol_path, tmp_path
+):
+    from .helpers import with_extra_tokens
+
+    wider = with_extra_tokens(smol_path, tmp_path / "wider.gguf", 64)  # as Qwen2.5's 0.5B and 7B
+    code, out, _ = cli(capsys, "inspect", str(wider), str(smol_path), "--json")
+    assert code == 0
+    assert json.loads(out)["reason"] == "yes: same token texts"
+    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "--draft", str(wider), "-n", "4",
+                       "--mode", "chain", "hi")  # fmt: skip
+    assert code == 0 and out.strip()
+
+
 def test_quantize_writes_a_requantized_copy_and_can_cheapen_its_output_matrix(
     capsys, smol_path, tmp_path
 ):
@@ -231,6 +245,9 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--mode", "tree", "--alpha0", "0"], "--alpha0"),
         (["--pipeline"], "CPUs of their own"),
         (["--pipeline", "--mode", "ngram"], "--pipeline"),
+        (["-t", "0"], "--threads must be at least 1 (got 0)"),
+        (["--draft-threads", "-2"], "--draft-threads must be at least 1"),
+        (["--raw", "--system", "Be brief"], "--system needs the chat template"),
     ],
 )
 def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
@@ -431,3 +448,67 @@ def test_seeded_sampling_runs_are_identical_and_another_seed_differs(capsys, smo
 
     assert text("3") == text("3")
     assert text("3") != text("4")
+
+
+def test_version_names_edgespec_and_its_llama_cpp_python(capsys):
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0
+    assert out.startswith("edgespec 0.") and "llama-cpp-python 0." in out
+
+
+def test_a_system_message_from_the_environment_does_not_stop_a_raw_completion(
+    capsys, smol_path, monkeypatch
+):
+    monkeypatch.setenv("EDGESPEC_SYSTEM", "Answer in French.")
+    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "--raw", "-n", "4", "--json", "1, 2,")
+    assert code == 0 and json.loads(out)["text"]
+
+
+def test_fixed_threads_keeps_every_thread_where_the_governor_would_move_them(
+    capsys, smol_path, monkeypatch
+):
+    from .test_governor import KeepsEveryTrial
+
+    monkeypatch.setattr(
+        "edgespec.engine.ThreadGovernor", lambda max_threads, reference_s: KeepsEveryTrial(2)
+    )
+    switches = {}
+    for flag in ("--fixed-threads", "--adapt-threads"):
+        code, out, _ = cli(capsys, "run", "-m", str(smol_path), flag, "-t", "2", "-n", "24",
+                           "--mode", "target", "--json", "Hello")  # fmt: skip
+        assert code == 0
+        switches[flag] = json.loads(out)["stats"]["thread_switches"]
+    assert switches == {"--fixed-threads": 0, "--adapt-threads": switches["--adapt-threads"]}
+    assert switches["--adapt-threads"] >= 2
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("EDGESPEC_TEMP", "-1", "--temp must be >= 0 (got -1) (set by env EDGESPEC_TEMP)"),
+        (
+            "EDGESPEC_THREADS",
+            "0",
+            "--threads must be at least 1 (got 0) (set by env EDGESPEC_THREADS)",
+        ),
+        ("EDGESPEC_CTX_SIZE", "8", "(set by env EDGESPEC_CTX_SIZE)"),
+    ],
+)
+def test_a_bad_value_the_user_did_not_type_says_where_it_came_from(
+    capsys, smol_path, monkeypatch, variable, value, needle
+):
+    monkeypatch.setenv(variable, value)
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "hi")
+    one_line_error(code, err, needle)
+
+
+def test_a_bad_value_from_config_toml_names_the_file_and_line(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    (tmp_path / "config.toml").write_text("# mine\nmax_tokens = 0\n")
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "hi")
+    one_line_error(code, err, "--max-tokens must be at least 1", f"{tmp_path / 'config.toml'}:2")
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "-n", "0", "hi")  # typed: no source
+    one_line_error(code, err, "--max-tokens must be at least 1 (got 0)")
+    assert "set by" not in err

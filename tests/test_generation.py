@@ -209,6 +209,7 @@ def test_a_full_context_ends_generation_with_a_reason(smol_path):
     result = engine.generate(prompt, max_tokens=500, mode="chain")
     assert result.stats.finish_reason == "context"
     assert len(prompt) + len(result.tokens) == 65  # the last token is decided, never evaluated
+    assert "the context is full" in result.stats.summary()
 
 
 def test_streamed_pieces_are_whole_characters_and_add_up_to_the_text(plain_engine):
