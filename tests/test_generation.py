@@ -30,9 +30,12 @@ def test_chain_with_the_target_as_its_own_draft_reproduces_plain_greedy_output(
     plain_engine, self_draft_engine, prompt
 ):
     plain = greedy(plain_engine, prompt, "target")
-    spec = greedy(self_draft_engine, prompt, "chain")
+    # Model drafts only: whether a round verifies the n-gram proposal instead depends on timed
+    # costs (a CI run beside other work chose it in some rounds: acceptance 0.71 and 0.82).
+    spec = greedy(self_draft_engine, prompt, "chain", ngram=False)
     prompt_tokens = plain_engine.prompt_tokens(prompt)
     assert_same_or_near_tie(plain_engine, prompt_tokens, plain.tokens, spec.tokens)
+    assert set(spec.stats.choices) == {"chain"}
     assert spec.stats.acceptance_rate > 0.9  # the same model agrees with itself
 
 
