@@ -141,7 +141,7 @@ def bench(
     console.print(LEGEND, style="dim", markup=False)
     if line := spread_line(report):
         console.print(line, markup=False, soft_wrap=True)
-    for line in divergence_lines(report):
+    for line in divergence_lines(report) + thread_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     console.print(ratio_chart(report))
     for line in overall_lines(report):
@@ -266,6 +266,21 @@ def divergence_lines(report: BenchReport) -> list[str]:
             f"two are {abs(d.gap):.2f} apart: {verdict}"
         )
     return lines
+
+
+def thread_lines(report: BenchReport) -> list[str]:
+    """A line naming the runs during which a governor changed threads: other programs took
+    cores then, and those ratios measure the load as much as the mode."""
+    changed = [
+        f"{r.mode} on {r.prompt} ({r.thread_switches}x)" for r in report.rows if r.thread_switches
+    ]
+    if not changed:
+        return []
+    return [
+        "threads changed as other programs took cores, during: "
+        + ", ".join(changed)
+        + "; those ratios measure the load as much as the mode"
+    ]
 
 
 def ratio_bar(ratio: float, scale_max: float, width: int = BAR_WIDTH) -> str:

@@ -442,9 +442,7 @@ class Context:
         self.decode_s += elapsed
         n = batch.n_tokens
         if self.governor is not None and n <= GOVERNED_UP_TO:
-            threads = self.governor.observe(elapsed, self._relative_costs[n])
-            if threads != self.threads:
-                self.set_threads(threads)
+            self.set_threads(self.governor.observe(elapsed, self._relative_costs[n]))
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:

@@ -221,6 +221,7 @@ class Measurement:
     draft_evals: int = 0  # draft model evaluations
     overhead_ms: float | None = None  # our own time per target pass (None: not ours to measure)
     rounds: dict[str, int] = field(default_factory=dict)  # by what drafted them (Stats.choices)
+    thread_switches: int = 0  # the governor's, while other programs took cores (governor.py)
 
     @property
     def tokens_per_s(self) -> float:
@@ -269,6 +270,7 @@ def engine_runner(engine: Engine, mode: str, temperature: float = 0.0) -> Runner
             draft_evals=stats.draft_evals,
             overhead_ms=stats.overhead_ms_per_pass,
             rounds=dict(stats.choices),
+            thread_switches=stats.thread_switches,
         )
 
     return measure
@@ -439,6 +441,7 @@ class BenchRow:
     text: str
     divergence: Divergence | None = None  # of the first repeat that differs from the baseline
     ratios: list[float] = field(default_factory=list)  # paired, one per repeat (paired_ratios)
+    thread_switches: int = 0  # over all repeats: other programs took cores meanwhile
 
 
 @dataclass
@@ -607,6 +610,7 @@ def _row(
         overhead_ms=_median_or_none(m.overhead_ms for m in runs),
         same_as_target=not differing if greedy else None,
         rounds=dict(sum((Counter(m.rounds) for m in runs), Counter())),
+        thread_switches=sum(m.thread_switches for m in runs),
         tokens=runs[0].tokens,
         text=engine.target.detokenize(runs[0].tokens),
         divergence=(

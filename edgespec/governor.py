@@ -63,11 +63,6 @@ class ThreadGovernor:
         self._next_try = {-1: 0.0, +1: 0.0}
         self._retry = {-1: self.first_retry_s, +1: self.first_retry_s}
 
-    @property
-    def trying(self) -> int | None:
-        """The thread count on trial, if any."""
-        return self._trial
-
     def observe(self, seconds: float, relative_cost: float = 1.0) -> int:
         """A decode took `seconds`, a pass costing `relative_cost` plain steps: the thread count
         for the next one."""

@@ -37,6 +37,7 @@ from edgespec.cli.bench_cmd import (
     overall_lines,
     ratio_bar,
     spread_line,
+    thread_lines,
 )
 from edgespec.errors import BadSettingError
 
@@ -400,6 +401,25 @@ def test_the_command_says_which_texts_differ_and_whether_at_a_near_tie(report):
     assert lines[0].startswith(f"auto on {row.prompt}: differs from plain at token 3")
     assert "0.20 apart: a near tie" in lines[0]
     assert "2.50 apart: NOT a near tie" in lines[1]
+
+
+def test_the_command_names_the_runs_during_which_threads_changed(report):
+    assert all(r.thread_switches == 0 for r in report.rows)  # a quiet test machine, presumably
+    assert thread_lines(report) == []
+    busy = replace(report.rows[0], mode="auto", thread_switches=2)
+    (line,) = thread_lines(replace(report, rows=[report.rows[1], busy]))
+    assert f"auto on {busy.prompt} (2x)" in line and "other programs took cores" in line
+
+
+def test_a_measurement_carries_the_governors_thread_switches(smol_path):
+    import edgespec
+
+    from .test_governor import KeepsEveryTrial
+
+    engine = edgespec.load(smol_path, n_ctx=512, threads=2)
+    engine.target_ctx.govern(KeepsEveryTrial(2), relative_cost=lambda k: 1.0)
+    measured = engine_runner(engine, "target")(engine.prompt_tokens("Count to twenty:"), 30, 0)
+    assert measured.thread_switches >= 2
 
 
 @pytest.mark.parametrize(
