@@ -173,29 +173,21 @@ def test_chat_in_a_terminal(smol_path, tmp_path):
         term.kill()
 
 
+def piped_chat(smol_path, tmp_path, lines: str, *extra: str) -> subprocess.CompletedProcess:
+    """`edgespec chat` with `lines` piped in, to its end."""
+    argv, env = chat_argv(smol_path, *extra), chat_env(tmp_path)
+    return subprocess.run(argv, input=lines, capture_output=True, text=True, env=env, timeout=120)
+
+
 def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
-    done = subprocess.run(
-        chat_argv(smol_path),
-        input="Hi\nWhat is 2+2?\n",
-        capture_output=True,
-        text=True,
-        env=chat_env(tmp_path),
-        timeout=120,
-    )
+    done = piped_chat(smol_path, tmp_path, "Hi\nWhat is 2+2?\n")
     assert done.returncode == 0, done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 2
     assert done.stdout.strip() and ">>>" not in done.stdout
 
 
 def test_a_chat_started_in_target_mode_with_a_draft_can_switch_to_drafting(smol_path, tmp_path):
-    done = subprocess.run(
-        chat_argv(smol_path, "--draft", str(smol_path)),
-        input="/set mode chain\nHi\n",
-        capture_output=True,
-        text=True,
-        env=chat_env(tmp_path),
-        timeout=120,
-    )
+    done = piped_chat(smol_path, tmp_path, "/set mode chain\nHi\n", "--draft", str(smol_path))
     assert done.returncode == 0, done.stderr
     assert "Set mode to chain." in done.stdout
     assert re.search(r"mode chain, acceptance", done.stderr), done.stderr
