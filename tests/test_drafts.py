@@ -26,10 +26,13 @@ def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
     assert tensor_types(copy)["token_embd.weight"] == "Q4_0"  # SmolLM2's output matrix (tied)
     assert any("making a Q4_0 copy" in line for line in said)
     steps = choice.step_ms
-    base = copy if steps[copy.name] <= FASTER_BY * steps[draft.name] else draft
-    narrowed = narrowed_path(base)
+    # The narrowed copy is made from the faster of the two, as first timed; the record keeps the
+    # base's second timing (against its narrowed copy), so the choice is not recomputed from it
+    # (a CI run here had the two within 5 % and the timings disagreeing).
+    narrowed = tmp_path / choice.narrowed
+    base = tmp_path / read_gguf(narrowed).narrowed_from
+    assert base in (draft, copy) and narrowed == narrowed_path(base)
     assert any("narrowing the output" in line for line in said)
-    assert read_gguf(narrowed).narrowed_from == base.name
     assert set(steps) == {draft.name, copy.name, narrowed.name}
     narrowed_is_faster = steps[narrowed.name] <= FASTER_BY * steps[base.name]
     assert choice.chosen == (narrowed.name if narrowed_is_faster else base.name)
