@@ -329,13 +329,13 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show a GGUF's metadata; with two files, whether they can be a draft/target pair."""
-    from edgespec.gguf_info import pairing_problem, read_gguf, same_token_texts
+    from edgespec.gguf_info import pairing_problem, read_gguf
 
     infos = [read_gguf(file)] + ([read_gguf(other)] if other else [])
     verdict = None
     if other:
         draft, target = infos
-        problem = pairing_problem(draft, target, lambda: same_token_texts(draft, target))
+        problem = pairing_problem(draft, target)
         same = draft.vocab_digest == target.vocab_digest
         verdict = problem or f"yes: {'same vocabulary' if same else 'same token texts'}"
     if as_json:

@@ -411,7 +411,7 @@ class Context:
         `max_threads`. Passes longer than GOVERNED_UP_TO tokens (prompts) are not judged."""
         self.governor = governor
         self._relative_costs = [0.0] + [relative_cost(k) for k in range(1, GOVERNED_UP_TO + 1)]
-        self.set_threads(self.max_threads)
+        self.set_threads(governor.threads if governor else self.max_threads)
 
     def set_threads(self, n_threads: int) -> None:
         """Decode with `n_threads` from the next decode on (llama.cpp reads it at each one)."""

@@ -334,7 +334,6 @@ class Engine:
                 flash_attn=self.draft_profile.flash_attn if self.draft_profile else None,
             )
         self.adapt_threads = adapt_threads
-        self._past_switches = 0  # made by governors replaced since (_govern)
         self._govern()
         self.n_ctx = self.target_ctx.n_ctx
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
@@ -346,7 +345,6 @@ class Engine:
         # sizes may differ by up to 128 (Qwen2.5's 0.5B has 151,936 tokens, its 7B 152,064).
         self._draft_vocab = draft.vocab_size if draft else 0
         self._q_rows = np.empty((0, target.n_vocab if draft else 0), dtype=np.float32)
-        self._draft_ids = np.arange(draft.n_vocab if draft else 0)  # where the sizes differ
         # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
         self._draft_head = draft.head if draft is not None else None
         self._draft_id_list = self._draft_head.ids if self._draft_head else None
@@ -427,7 +425,7 @@ class Engine:
             else:
                 self.draft_profile = measured
         if measured_now:
-            self._govern()  # against what was just measured
+            self._govern()  # judged against what was just measured from now on
         # Profiles from different hours do not tell what a draft step costs in target steps:
         # time both now, unless an earlier run on this device already did.
         unknown = measured_now or self._memory.draft_cost is None
@@ -439,17 +437,16 @@ class Engine:
         step on a quiet device, its curve), or, without one, the fastest steps it has seen."""
         if not self.adapt_threads:
             return
-        self._past_switches = self.thread_switches()
         for ctx, profile in ((self.target_ctx, self.profile), (self.draft_ctx, self.draft_profile)):
             if ctx is not None:
-                governor = ThreadGovernor(ctx.max_threads, profile.step_s if profile else None)
+                governor = ctx.governor or ThreadGovernor(ctx.max_threads)
+                governor.reference_s = profile.step_s if profile else None
                 ctx.govern(governor, profile.relative if profile else _default_curve)
 
     def thread_switches(self) -> int:
         """How often the governors have changed a model's threads, so far."""
         contexts = (self.target_ctx, self.draft_ctx)
-        now = sum(c.governor.switches for c in contexts if c is not None and c.governor)
-        return self._past_switches + now
+        return sum(c.governor.switches for c in contexts if c is not None and c.governor)
 
     def _price_passes_by(self, profile: DeviceProfile | None) -> None:
         """The target's profile, and what auto prices its passes with: the profile's curve at
@@ -773,21 +770,21 @@ class Engine:
         Tokens only the draft has are never drawn (their mass goes to the others): the target
         could not evaluate them. Tokens only the target has have probability 0."""
         probs = probs_from_logits(row, params)
-        if self._draft_head is None and len(probs) == len(out):  # the usual case
-            out[:] = probs
+        if self._draft_head is None:  # row i is token i: the ids both models have line up
+            n = min(len(probs), len(out))
+            out[:n] = probs[:n]
+            out[n:] = 0.0  # tokens only the target has
+            if n < len(probs):
+                _renormalise(out)
             return
-        ids = self._draft_head.id_array if self._draft_head is not None else self._draft_ids
-        out.fill(0.0)  # also what a narrowed draft cannot propose
+        out.fill(0.0)  # what a narrowed draft cannot propose
+        ids = self._draft_head.id_array
         if self._draft_vocab <= len(out):
             out[ids] = probs
             return
         kept = ids < len(out)
         out[ids[kept]] = probs[kept]
-        mass = out.sum()
-        if mass > 0:
-            out /= mass
-        else:  # all of it on tokens the target lacks: any q keeps the target's distribution
-            out[0] = 1.0
+        _renormalise(out)
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
@@ -1563,6 +1560,15 @@ class Stream:
         return "".join(self._text)
 
 
+def _renormalise(q: np.ndarray) -> None:
+    """A draft distribution whose tokens the target lacks were dropped, summing to 1 again."""
+    mass = q.sum()
+    if mass > 0:
+        q /= mass
+    else:  # all of it on tokens the target lacks: any q keeps the target's distribution
+        q[0] = 1.0
+
+
 def check_threads(threads: int | None, draft_threads: int | None) -> None:
     """None is one thread per CPU of the model's; a number must be at least 1."""
     for flag, value in (("--threads", threads), ("--draft-threads", draft_threads)):
@@ -1609,11 +1615,9 @@ def load(
             f"{target_info.narrowed_from} or another full model"
         )
     draft_info = read_gguf(draft) if draft is not None else None
-    if draft_info is not None:  # metadata first: a mismatch is reported before loading anything
-        check_pair(draft_info, target_info, texts_match=lambda: True)
+    if draft_info is not None:  # from the files: a mismatch is reported before loading anything
+        check_pair(draft_info, target_info)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info)
-    if draft_model is not None:
-        check_pair(draft_info, target_info, lambda: _same_token_texts(draft_model, target_model))
     return Engine(
         target_model,
         draft_model,
@@ -1642,12 +1646,3 @@ def _load_models(
         draft_loading = pool.submit(Model, draft, draft_info)
         target_model = Model(target, target_info)  # if it fails, the draft is freed when done
         return target_model, draft_loading.result()
-
-
-def _same_token_texts(a: Model, b: Model) -> bool:
-    # llama.cpp's rule: the first few ids may be special tokens that differ harmlessly.
-    narrowed = a.info.token_ids  # a's token j is the full vocabulary's narrowed[j]
-    ids = range(a.n_vocab) if narrowed is None else narrowed.tolist()
-    return all(
-        a.token_text(row) == b.token_text(i) for row, i in enumerate(ids) if 5 <= i < b.n_vocab
-    )

@@ -10,7 +10,6 @@ import hashlib
 import math
 import mmap
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -325,14 +324,12 @@ def same_token_texts(draft: GGUFInfo, target: GGUFInfo) -> bool:
     return all(a[i] == b[i] for i in range(5, min(len(a), len(b))))
 
 
-def pairing_problem(
-    draft: GGUFInfo, target: GGUFInfo, texts_match: Callable[[], bool] | None = None
-) -> str | None:
+def pairing_problem(draft: GGUFInfo, target: GGUFInfo) -> str | None:
     """Why `draft` cannot propose tokens for `target`, or None if it can.
 
     Speculation compares token ids, so both must mean the same thing by every id. Identical
     vocabularies always pass; otherwise llama.cpp's rule applies: same tokenizer type and special
-    tokens, sizes within 128, and equal token texts (`texts_match`, from the loaded vocabularies).
+    tokens, sizes within 128, and equal token texts (same_token_texts, read from the files).
     """
     if draft.narrowed_from is not None:  # it speaks its full draft's vocabulary
         draft = source_of(draft)
@@ -347,15 +344,13 @@ def pairing_problem(
             f"special tokens differ (BOS {draft.bos} vs {target.bos}, "
             f"EOS {draft.eos} vs {target.eos})"
         )
-    if texts_match is None or not texts_match():
+    if not same_token_texts(draft, target):
         return "token texts differ"
     return None
 
 
-def check_pair(
-    draft: GGUFInfo, target: GGUFInfo, texts_match: Callable[[], bool] | None = None
-) -> None:
-    problem = pairing_problem(draft, target, texts_match)
+def check_pair(draft: GGUFInfo, target: GGUFInfo) -> None:
+    problem = pairing_problem(draft, target)
     if problem:
         raise IncompatibleModelsError(
             f"draft {draft.path.name} cannot draft for target {target.path.name}: {problem}; "

@@ -112,3 +112,26 @@ def with_extra_tokens(src: Path, dst: Path, extra: int) -> Path:
 
     rewrite_gguf(src, dst, edit, [*range(n_vocab), *[n_vocab - 1] * extra])
     return dst
+
+
+def with_extra_tokens_and_one_renamed(src: Path, dst: Path, token: int) -> Path:
+    """`with_extra_tokens(src, dst, 8)`, and token `token` given another text: sizes llama.cpp
+    would pair, a vocabulary that means something else by one id."""
+    from edgespec.draft_head import rewrite_gguf
+
+    wider = with_extra_tokens(src, dst.with_name(f"wider-{dst.name}"), 8)
+
+    def edit(name: str, value):
+        if name == "tokenizer.ggml.tokens":
+            value = list(value)
+            value[token] = "<renamed>"
+        return value
+
+    rewrite_gguf(wider, dst, edit, range(len(read_tokens(wider))))
+    return dst
+
+
+def read_tokens(path: Path) -> list[bytes]:
+    from edgespec.gguf_info import read_gguf, token_texts
+
+    return token_texts(read_gguf(path))

@@ -140,6 +140,18 @@ def test_inspect_pairs_what_run_pairs_a_vocabulary_padded_with_extra_tokens(
     assert code == 0 and out.strip()
 
 
+def test_a_pair_whose_token_texts_differ_is_refused_by_run_and_inspect_alike(
+    capsys, smol_path, tmp_path
+):
+    from .helpers import with_extra_tokens_and_one_renamed
+
+    other = with_extra_tokens_and_one_renamed(smol_path, tmp_path / "renamed.gguf", token=1000)
+    code, out, _ = cli(capsys, "inspect", str(other), str(smol_path), "--json")
+    assert code == 0 and json.loads(out)["reason"] == "token texts differ"
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(other), "hi")
+    one_line_error(code, err, "renamed.gguf", "token texts differ")
+
+
 def test_quantize_writes_a_requantized_copy_and_can_cheapen_its_output_matrix(
     capsys, smol_path, tmp_path
 ):
