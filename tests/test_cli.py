@@ -481,9 +481,7 @@ def test_fixed_threads_keeps_every_thread_where_the_governor_would_move_them(
 ):
     from .test_governor import KeepsEveryTrial
 
-    monkeypatch.setattr(
-        "edgespec.engine.ThreadGovernor", lambda max_threads, reference_s: KeepsEveryTrial(2)
-    )
+    monkeypatch.setattr("edgespec.engine.ThreadGovernor", lambda max_threads: KeepsEveryTrial(2))
     switches = {}
     for flag in ("--fixed-threads", "--adapt-threads"):
         code, out, _ = cli(capsys, "run", "-m", str(smol_path), flag, "-t", "2", "-n", "24",
