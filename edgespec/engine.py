@@ -60,6 +60,7 @@ from .sampling import (
     SamplingParams,
     accept_chain,
     accept_point_mass,
+    draw_children,
     probs_from_logits,
     sample,
 )
@@ -573,6 +574,10 @@ class Engine:
     def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
         stats, cfg = run.stats, run.cfg
+        run.sampling = cfg.sampling
+        # Before the clocks start: a process's first unseeded generator reads the OS's entropy
+        # (25 ms here), which a short answer's time per pass would carry (0.8 ms on 25 passes).
+        run.rng = run.sampling.make_rng()
         t0 = time.perf_counter()
         # Reuse what the caches already hold of this prompt (a chat's history): only the rest
         # is evaluated. The prompt's last token is the first round's root.
@@ -594,8 +599,6 @@ class Engine:
             # with a seed would draft differently from a cold cache than from a warm one.
             self._reuse(self.draft_ctx, "_draft_cache", prefix, window=True)
             run.draft_cached = len(prefix)
-        run.sampling = cfg.sampling
-        run.rng = run.sampling.make_rng()
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost, self.pass_sizes)
@@ -1350,7 +1353,7 @@ class Engine:
                 # count may depend on q, never on the draws themselves.
                 room_for = cfg.max_branches - len(tree.branches) + 1
                 n_draws = max(1, min(room_for, int(np.count_nonzero(probs >= cfg.branch_p))))
-                draws[node] = [sample(probs, run.rng) for _ in range(n_draws)]
+                draws[node] = draw_children(probs, n_draws, run.rng)
                 children = [(t, float(probs[t])) for t in dict.fromkeys(draws[node])]
             copies = tree.expand(
                 branch,

@@ -46,7 +46,6 @@ class ThreadGovernor:
 
     threads: int = field(init=False)
     switches: int = field(init=False, default=0)  # counts kept after a trial, so far
-    trials: int = field(init=False, default=0)
     _recent: deque[float] = field(init=False)
     _best: dict[int, float] = field(init=False, default_factory=dict)  # fastest window median
     _trial: int | None = field(init=False, default=None)
@@ -88,7 +87,6 @@ class ThreadGovernor:
 
     def _start_trial(self, direction: int) -> int:
         self._trial = self.threads + direction
-        self.trials += 1
         self._trial_times.clear()
         return self._trial
 

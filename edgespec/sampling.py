@@ -307,19 +307,6 @@ def accept_point_mass(
     return None, sample(rest, rng)
 
 
-def accept_among_fixed_children(
-    children: Sequence[int], p: np.ndarray, rng: np.random.Generator
-) -> tuple[int | None, int]:
-    """Verification of distinct deterministic children (a tree built from greedy top candidates).
-
-    accept_point_mass tried child after child, each on what the previous left of p, accepts
-    child c with probability p(c) and otherwise emits a token from p outside the children: the
-    same as drawing one token from p and moving into the child equal to it, if any.
-    """
-    token = sample(p, rng)
-    return (token if token in children else None), token
-
-
 def _accept_draw(token: int, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> bool:
     """Accept a token drawn from q with probability min(1, p(token) / q(token))."""
     q_token = q[token]

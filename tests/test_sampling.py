@@ -14,7 +14,6 @@ from edgespec.sampling import (
     RowsOnDemand,
     SamplingParams,
     accept_among_children,
-    accept_among_fixed_children,
     accept_chain,
     accept_point_mass,
     draw_children,
@@ -522,15 +521,3 @@ def test_point_mass_accepts_with_the_target_probability_of_the_token():
     assert all(token != 7 for accepted, token in results if accepted is None)
     assert accept_point_mass(0, p, rng)[0] is None  # p(0) = 0: never accepted
     assert accept_point_mass(3, np.eye(VOCAB)[3], rng) == (3, 3)  # certain
-
-
-def test_fixed_children_emit_the_target_distribution_and_accept_only_children():
-    p, _ = target_and_draft(6)
-    rng = np.random.default_rng(6)
-    children = [4, 7, 9]
-    results = [accept_among_fixed_children(children, p, rng) for _ in range(N_SAMPLES)]
-    assert follows(np.array([token for _, token in results]), p)
-    assert all(
-        (accepted == token) if token in children else accepted is None
-        for accepted, token in results
-    )
