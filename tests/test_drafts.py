@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 from edgespec.draft_head import narrowed_path
 from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
@@ -86,3 +88,31 @@ def test_a_copy_from_an_older_edgespec_is_replaced_by_the_current_one(tmp_path, 
 
     assert choice.copy == copy_path(draft).name and copy_path(draft).exists()
     assert not old_copy.exists()
+
+
+def test_two_processes_making_the_forms_at_once_both_get_a_sound_draft(tmp_path, smol_path):
+    """Two scripts started together on a fresh device both make the copies: each writes its own
+    temporary files, and whichever finishes last leaves whole files behind."""
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    code = (
+        "import sys; from pathlib import Path; from edgespec.drafts import fastest_draft; "
+        "print(fastest_draft(Path(sys.argv[1]), n_threads=1).chosen)"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(draft)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (_, stderr) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, stderr[-2000:]
+    choice = load_choice(draft, n_threads=1)
+    assert choice is not None and choice.chosen in {out.strip() for out, _ in outputs}
+    assert read_gguf(tmp_path / choice.copy).file_type == "Q4_0"  # whole: read_gguf checks
+    assert read_gguf(tmp_path / choice.narrowed).narrowed_from in (draft.name, choice.copy)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
