@@ -88,12 +88,14 @@ def bench(
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench
-    from edgespec.errors import BadSettingError
+    from edgespec.errors import BadSettingError, EdgespecError
     from edgespec.sampling import SamplingParams
 
-    from .app import DEFAULT_TARGET, resolve, resolve_draft, resolve_model
+    from .app import DEFAULT_TARGET, check_destination, resolve, resolve_draft, resolve_model
 
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
+    if json_out is not None:  # so does a file that cannot be written: not after an hour's run
+        check_destination(json_out)
     if modes:  # so does an unknown mode (whether a draft is needed is known once it resolved)
         checked_modes(_split(modes), has_draft=True)
     selected = load_prompts(prompts, _split(classes) if classes else None)
@@ -147,7 +149,10 @@ def bench(
     for line in overall_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     if json_out is not None:
-        json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        try:
+            json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        except OSError as e:  # a full disk: the tables above are the run's results
+            raise EdgespecError(f"cannot write {json_out}: {e.strerror or e}") from None
         status.print(f"wrote {json_out}", style="dim", markup=False)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -536,7 +537,23 @@ def quantize(
     params.allow_requantize = True
     if output_type is not None:
         params.output_tensor_type = output_type
+    _native_log.clear()
     with _interrupt_after():  # the quantizer cannot be stopped halfway
         status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if status != 0:
-        raise ModelFileError(f"llama.cpp could not quantize {src} (status {status})")
+        # llama.cpp says "iostream error" when the disk is full, the usual cause on a phone.
+        why = no_room(Path(dst).parent, Path(src).stat().st_size)
+        raise ModelFileError(
+            f"llama.cpp could not quantize {src}: {why or _native_log.reason(f'status {status}')}"
+        )
+
+
+def no_room(folder: Path, needed: int) -> str | None:
+    """Why writing a file of about `needed` bytes into `folder` failed, if the disk is full:
+    the errors a full disk causes name it poorly ("iostream error", "64512 requested and 45728
+    written")."""
+    free = shutil.disk_usage(folder).free
+    if free >= needed:
+        return None
+    # (`free` counts the half-written file's space as used: the amount needed says more.)
+    return f"the disk is full (it needs up to {needed / 2**20:.0f} MB free in {folder})"

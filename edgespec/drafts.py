@@ -26,9 +26,10 @@ from pathlib import Path
 
 import llama_cpp
 
-from .backend import Context, Model, quantize
+from .backend import Context, Model, no_room, quantize
 from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
+from .errors import ModelFileError
 from .profile import alternating_steps
 
 CHEAP_TYPE = "Q4_0"
@@ -152,6 +153,9 @@ def narrow(src: Path, dst: Path, n_keep: int = HEAD_TOKENS) -> None:
     try:
         write_narrowed(src, tmp, ids)
         tmp.replace(dst)
+    except OSError as e:  # a full disk, as a rule
+        why = no_room(dst.parent, src.stat().st_size) or e.strerror or e
+        raise ModelFileError(f"cannot write {dst}: {why}") from None
     finally:
         tmp.unlink(missing_ok=True)
 

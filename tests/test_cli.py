@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -9,10 +10,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from llama_cpp import LLAMA_FTYPE_MOSTLY_Q4_0
 
+from edgespec.backend import quantize
 from edgespec.cli.app import main
+from edgespec.errors import ModelFileError
 
 from .helpers import hear_ctrl_c, tensor_types, write_tiny_gguf
 
@@ -275,6 +280,46 @@ def test_a_bench_at_a_negative_temperature_is_one_clear_line(capsys, smol_path):
 def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,warp")
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
+
+
+def test_a_bench_report_that_cannot_be_written_fails_before_the_run(capsys, smol_path):
+    missing = "/nonexistent-dir/report.json"
+    code, _, err = cli(
+        capsys, "bench", "-m", str(smol_path), "--modes", "target", "--json", missing
+    )
+    one_line_error(code, err, "cannot write", "there is no directory")
+
+
+@pytest.mark.skipif(not os.access("/dev", os.W_OK), reason="needs /dev/full as a destination")
+def test_a_bench_report_a_full_disk_refuses_is_one_line_after_the_tables(capsys, smol_path):
+    """/dev/full refuses every write, as a full disk does: the run's tables are printed by then,
+    so the run is not lost, and the failure is one line."""
+    args = ["--modes", "target", "--classes", "chat", "--repeats", "1", "-n", "4"]
+    code, out, err = cli(capsys, "bench", "-m", str(smol_path), *args, "--json", "/dev/full")
+    assert code == 1 and "× plain" in out
+    assert err.strip().splitlines()[-1] == "error: cannot write /dev/full: No space left on device"
+    assert "Traceback" not in err
+
+
+def test_a_quantization_a_full_disk_refuses_says_the_disk_is_full(smol_path, monkeypatch):
+    """llama.cpp's own word for it is "iostream error"."""
+    with pytest.raises(ModelFileError) as unexplained:
+        quantize(smol_path, "/dev/full", LLAMA_FTYPE_MOSTLY_Q4_0)
+    assert "iostream error" in str(unexplained.value)  # /dev has room: the reason is llama.cpp's
+    monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=0))  # as if full
+    with pytest.raises(ModelFileError) as explained:
+        quantize(smol_path, "/dev/full", LLAMA_FTYPE_MOSTLY_Q4_0)
+    needed = round(smol_path.stat().st_size / 2**20)
+    assert f"the disk is full (it needs up to {needed} MB free in /dev)" in str(explained.value)
+
+
+def test_what_the_system_refuses_is_one_line_where_nothing_explains_it_better(capsys, monkeypatch):
+    def unreadable(prompt: str) -> str:
+        raise OSError(errno.EIO, "Input/output error", "<stdin>")
+
+    monkeypatch.setattr("edgespec.cli.app.read_prompt", unreadable)
+    code, _, err = cli(capsys, "run", "-")
+    one_line_error(code, err, "Input/output error: <stdin>")
 
 
 def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):

@@ -8,9 +8,20 @@ import json
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 from edgespec.draft_head import narrowed_path
-from edgespec.drafts import FASTER_BY, choice_path, copy_path, fastest_draft, load_choice
+from edgespec.drafts import (
+    FASTER_BY,
+    choice_path,
+    copy_path,
+    fastest_draft,
+    load_choice,
+    narrow,
+)
+from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
 
 from .helpers import tensor_types
@@ -116,3 +127,22 @@ def test_two_processes_making_the_forms_at_once_both_get_a_sound_draft(tmp_path,
     assert read_gguf(tmp_path / choice.copy).file_type == "Q4_0"  # whole: read_gguf checks
     assert read_gguf(tmp_path / choice.narrowed).narrowed_from in (draft.name, choice.copy)
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_narrowed_copy_a_full_disk_cuts_short_says_so_and_leaves_no_half_file(
+    tmp_path, smol_path, monkeypatch
+):
+    """numpy's word for a full disk is "64512 requested and 45728 written"."""
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+
+    def half_written(src, dst, ids):
+        dst.write_bytes(b"GGUF")
+        raise OSError("64512 requested and 45728 written")
+
+    monkeypatch.setattr("edgespec.drafts.write_narrowed", half_written)
+    monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=0))
+    dest = narrowed_path(draft)
+    with pytest.raises(ModelFileError, match="the disk is full"):
+        narrow(draft, dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [draft.name]
