@@ -475,16 +475,17 @@ def main(argv: list[str] | None = None) -> int:
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:  # what the system refused (a full disk), where nothing said it better
-        where = f": {e.filename}" if e.filename else ""
-        print(f"error: {e.strerror or e}{where}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # `edgespec run ... | head`: the reader went away, not an error
         return _reader_gone()
     except SystemExit as e:  # typer turns a broken pipe into sys.exit(1)
         if isinstance(e.__context__, BrokenPipeError):
             return _reader_gone()
         raise
+    except OSError as e:  # what the system refused where nothing said it better (a full disk;
+        # after BrokenPipeError, which is one too)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
     if rv == INTERRUPTED:  # typer returns this for a Ctrl+C, wherever it came (loading, too)
         print("interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0

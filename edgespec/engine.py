@@ -574,10 +574,6 @@ class Engine:
     def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
         stats, cfg = run.stats, run.cfg
-        run.sampling = cfg.sampling
-        # Before the clocks start: a process's first unseeded generator reads the OS's entropy
-        # (25 ms here), which a short answer's time per pass would carry (0.8 ms on 25 passes).
-        run.rng = run.sampling.make_rng()
         t0 = time.perf_counter()
         # Reuse what the caches already hold of this prompt (a chat's history): only the rest
         # is evaluated. The prompt's last token is the first round's root.
@@ -599,6 +595,8 @@ class Engine:
             # with a seed would draft differently from a cold cache than from a warm one.
             self._reuse(self.draft_ctx, "_draft_cache", prefix, window=True)
             run.draft_cached = len(prefix)
+        run.sampling = cfg.sampling
+        run.rng = run.sampling.make_rng()
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost, self.pass_sizes)
