@@ -416,7 +416,10 @@ class Engine:
                     "profile` measures in full, and which attention is faster)"
                 )
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
-                save_profile(measured)
+                try:
+                    save_profile(measured)
+                except OSError as e:  # a read-only or full home: this run still uses it
+                    say(f"(not kept for the next run: {e.strerror or e}: {e.filename})")
                 self.forget_caches()  # the measurement cleared this context
                 measured_now = True
             if role == "target":

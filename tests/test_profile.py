@@ -547,6 +547,23 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     assert json.loads(stored.read_text())["method"] == PROFILE_METHOD
 
 
+def test_a_first_use_profile_that_cannot_be_stored_is_used_all_the_same(
+    smol_path, smol_q4_0, tmp_path, monkeypatch
+):
+    """A home that cannot be written (read-only, full, or here below a file) costs the next run
+    a new measurement, not this run its answer."""
+    import edgespec
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "a-file" / "home"))
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    said: list[str] = []
+    engine.profile_if_missing(say=said.append)
+    assert engine.profile is not None and engine.draft_profile is not None
+    assert sum("not kept for the next run: Not a directory" in line for line in said) == 2
+    assert engine.generate("Hi", max_tokens=4, mode="auto").stats.n_generated > 0
+
+
 def test_noise_is_how_far_repeated_steps_or_pass_to_step_ratios_stray_from_their_median():
     steady = {1: [(0.01, 0.01)] * 3, 4: [(0.01, 0.02)] * 3}
     assert noise(steady) == 0.0
