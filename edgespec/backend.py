@@ -537,11 +537,15 @@ def quantize(
     params.allow_requantize = True
     if output_type is not None:
         params.output_tensor_type = output_type
+    try:  # what llama.cpp would call an "iostream error" too: a read-only or missing folder
+        Path(dst).touch()
+    except OSError as e:
+        raise ModelFileError(f"cannot write in {Path(dst).parent}: {e.strerror or e}") from None
     _native_log.clear()
     with _interrupt_after():  # the quantizer cannot be stopped halfway
         status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if status != 0:
-        # llama.cpp says "iostream error" when the disk is full, the usual cause on a phone.
+        # It could write there, so "iostream error" means the disk filled up, as a rule.
         why = no_room(Path(dst).parent, Path(src).stat().st_size)
         raise ModelFileError(
             f"llama.cpp could not quantize {src}: {why or _native_log.reason(f'status {status}')}"

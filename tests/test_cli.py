@@ -313,6 +313,13 @@ def test_a_quantization_a_full_disk_refuses_says_the_disk_is_full(smol_path, mon
     assert f"the disk is full (it needs up to {needed} MB free in /dev)" in str(explained.value)
 
 
+def test_a_quantization_into_a_folder_that_cannot_be_written_says_so(smol_path, tmp_path):
+    """Not a full disk, though llama.cpp's word for it would be "iostream error" too."""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ModelFileError, match=r"cannot write in .*a-file: Not a directory"):
+        quantize(smol_path, tmp_path / "a-file" / "copy.gguf", LLAMA_FTYPE_MOSTLY_Q4_0)
+
+
 def test_what_the_system_refuses_is_one_line_where_nothing_explains_it_better(capsys, monkeypatch):
     def unreadable(prompt: str) -> str:
         raise OSError(errno.EIO, "Input/output error", "<stdin>")
