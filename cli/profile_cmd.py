@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgespec.cores import format_cpu_list, plan_placement
-from edgespec.errors import BadSettingError
+from edgespec.errors import BadSettingError, EdgespecError
 from edgespec.overlap import OverlapReport, measure_overlap
 from edgespec.profile import (
     ATTENTION_CONTEXT,
@@ -21,6 +22,7 @@ from edgespec.profile import (
     DeviceProfile,
     load_profile,
     profile_model,
+    profiles_dir,
     save_pipeline_speedup,
     save_profile,
 )
@@ -81,6 +83,14 @@ def profile(
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")
     split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])
+    try:  # minutes of measuring are no use where they cannot be kept: said before, not after
+        profiles_dir().mkdir(parents=True, exist_ok=True)
+        probe = profiles_dir() / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        where = profiles_dir()
+        raise EdgespecError(f"cannot keep profiles in {where}: {e.strerror or e}") from None
     status = Console(stderr=True, highlight=False)
 
     def measure(path: Path) -> tuple[DeviceProfile, Path | None]:

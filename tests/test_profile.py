@@ -508,6 +508,22 @@ def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     assert "chains pipeline by default" in text or "chains stay serial unless --pipeline" in text
 
 
+def test_profile_says_before_measuring_when_it_could_not_keep_the_result(
+    runner_app, smol_path, tmp_path, monkeypatch
+):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "profiles").write_text("")  # a file where the folder should be
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    measured: list[object] = []  # nothing may be measured
+    monkeypatch.setattr(
+        "edgespec.cli.profile_cmd.profile_model", lambda *a, **_: measured.append(a)
+    )
+    result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "--quick"])
+    assert result.exit_code != 0 and measured == []
+    assert "cannot keep profiles in" in str(result.exception)
+    assert "Not a directory" in str(result.exception)
+
+
 def test_profile_overlap_without_a_draft_is_a_clear_error(home, runner_app, smol_path):
     result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "--overlap"])
     assert result.exit_code != 0
