@@ -83,14 +83,14 @@ def profile(
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")
     split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])
+    folder = profiles_dir()
     try:  # minutes of measuring are no use where they cannot be kept: said before, not after
-        profiles_dir().mkdir(parents=True, exist_ok=True)
-        probe = profiles_dir() / f".write-test-{os.getpid()}"
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
     except OSError as e:
-        where = profiles_dir()
-        raise EdgespecError(f"cannot keep profiles in {where}: {e.strerror or e}") from None
+        raise EdgespecError(f"cannot keep profiles in {folder}: {e.strerror or e}") from None
     status = Console(stderr=True, highlight=False)
 
     def measure(path: Path) -> tuple[DeviceProfile, Path | None]:
