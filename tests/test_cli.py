@@ -303,9 +303,10 @@ def test_a_bench_report_a_full_disk_refuses_is_one_line_after_the_tables(capsys,
 
 def test_a_quantization_a_full_disk_refuses_says_the_disk_is_full(smol_path, monkeypatch):
     """llama.cpp's own word for it is "iostream error"."""
+    monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=2**40))
     with pytest.raises(ModelFileError) as unexplained:
         quantize(smol_path, "/dev/full", LLAMA_FTYPE_MOSTLY_Q4_0)
-    assert "iostream error" in str(unexplained.value)  # /dev has room: the reason is llama.cpp's
+    assert "iostream error" in str(unexplained.value)  # with room, the reason is llama.cpp's
     monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=0))  # as if full
     with pytest.raises(ModelFileError) as explained:
         quantize(smol_path, "/dev/full", LLAMA_FTYPE_MOSTLY_Q4_0)
