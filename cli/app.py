@@ -20,6 +20,7 @@ from edgespec import catalogue
 from edgespec.config import Settings, resolve
 from edgespec.draft_head import HEAD_TOKENS, narrowed_path
 from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
+from edgespec.files import written_into_place
 from edgespec.stats import Stats
 from edgespec.text import valid_text
 
@@ -399,12 +400,8 @@ def quantize(
             "requantizing loses quality"
         )
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_.upper()}")
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    try:
+    with written_into_place(dest) as tmp:
         quantize_file(source, tmp, ftype, threads, output_type=output_ggml_type)
-        tmp.replace(dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     print(dest)
 
 

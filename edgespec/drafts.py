@@ -18,10 +18,8 @@ copy is used if it is faster still (8.6 -> 7.2 ms a step on the Zen 5 here).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from .backend import Context, Model, no_room, quantize
 from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
 from .errors import ModelFileError
+from .files import written_into_place
 from .profile import alternating_steps
 
 CHEAP_TYPE = "Q4_0"
@@ -92,8 +91,7 @@ def fastest_draft(
     copy = copy_path(draft)
     if not copy.exists():
         say(f"making a {CHEAP_TYPE} copy of the draft {draft.name}, once: {copy.name}")
-        tmp = _private_temporary(copy)
-        try:
+        with written_into_place(copy) as tmp:
             quantize(
                 draft,
                 tmp,
@@ -101,9 +99,6 @@ def fastest_draft(
                 n_threads,
                 output_type=llama_cpp.GGML_TYPE_Q4_0,
             )
-            tmp.replace(copy)
-        finally:
-            _remove(tmp)
         for suffix in OLD_COPY_SUFFIXES:
             draft.with_name(draft.stem + suffix).unlink(missing_ok=True)
     say(f"timing both forms of the draft on {n_threads} threads, once")
@@ -132,9 +127,8 @@ def fastest_draft(
         f"draft step {choice.step_ms[narrowed.name]:.1f} ms narrowed, "
         f"{choice.step_ms[base.name]:.1f} ms not: using {choice.chosen}"
     )
-    record = _private_temporary(choice_path(draft))
-    record.write_text(json.dumps(asdict(choice), indent=2) + "\n")
-    record.replace(choice_path(draft))
+    with written_into_place(choice_path(draft)) as record:
+        record.write_text(json.dumps(asdict(choice), indent=2) + "\n")
     return choice
 
 
@@ -151,30 +145,12 @@ def narrow(src: Path, dst: Path, n_keep: int = HEAD_TOKENS) -> None:
         )
     finally:
         model.close()
-    tmp = _private_temporary(dst)
     try:
-        write_narrowed(src, tmp, ids)
-        tmp.replace(dst)
+        with written_into_place(dst) as tmp:
+            write_narrowed(src, tmp, ids)
     except OSError as e:  # a full disk says so poorly, without an errno (see no_room)
         full = e.errno in (None, errno.ENOSPC) and no_room(dst.parent, src.stat().st_size)
-        why = full or e.strerror or e
-        raise ModelFileError(f"cannot write {dst}: {why}") from None
-    finally:
-        _remove(tmp)
-
-
-def _remove(tmp: Path) -> None:
-    """Remove a temporary file if it is there; a failure to (a read-only disk, where it could
-    not be made either) must not hide what went wrong before."""
-    with contextlib.suppress(OSError):
-        tmp.unlink(missing_ok=True)
-
-
-def _private_temporary(path: Path) -> Path:
-    """Where this process writes `path` before renaming it into place: two processes making
-    the same file on first use (scripts started together) must not write into one file, nor
-    delete the other's."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        raise ModelFileError(f"cannot write {dst}: {full or e.strerror or e}") from None
 
 
 def step_seconds(paths: list[Path], n_threads: int) -> dict[Path, float]:

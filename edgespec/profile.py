@@ -9,7 +9,6 @@ under `home()/profiles/`, and found again by model file, thread count and CPU se
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import statistics
@@ -34,6 +33,7 @@ from .cores import (
     parse_cpu_list,
 )
 from .errors import BadSettingError
+from .files import written_into_place
 
 # Every size: auto verifies passes only of sizes measured here (policy.Costs.sizes), and the
 # curve is not smooth (on a Zen 4 here T(15) 10.2, T(16) 8.2, T(17) 10.2 steps).
@@ -333,9 +333,8 @@ def save_profile(profile: DeviceProfile) -> Path:
     """Write the profile (atomically, replacing any older or corrupt one); return its path."""
     path = profile_path(profile)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", "utf-8")
-    tmp.replace(path)
+    with written_into_place(path) as tmp:
+        tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", "utf-8")
     return path
 
 
@@ -407,9 +406,8 @@ def _write_json_quietly(path: Path, data: Mapping[str, Any]) -> None:
     written is no reason to fail a generation, so errors are ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data) + "\n", "utf-8")
-        tmp.replace(path)
+        with written_into_place(path) as tmp:
+            tmp.write_text(json.dumps(data) + "\n", "utf-8")
     except OSError:
         pass
 

@@ -1,0 +1,33 @@
+"""Files written into place: a reader sees the old file or the whole new one."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.files import written_into_place
+
+
+def test_the_file_appears_whole_once_the_block_ends(tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text("old")
+    with written_into_place(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old" and tmp.parent == path.parent and tmp != path
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]
+
+
+def test_a_block_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text("old")
+    with pytest.raises(OSError, match="disk full"), written_into_place(path) as tmp:
+        tmp.write_text("half")
+        raise OSError("disk full")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]
+
+
+def test_a_folder_below_a_file_raises_what_the_write_met_not_the_cleanup(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError), written_into_place(tmp_path / "a-file" / "x") as tmp:
+        tmp.write_text("new")
