@@ -746,7 +746,7 @@ def run_bench(
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = checked_modes(modes, has_draft=draft is not None)
     threads = threads or default_threads()
-    engine = load(target, draft, n_ctx=n_ctx, threads=threads)
+    engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
     if "auto" in modes:
         engine.profile_if_missing()  # as `edgespec run` does on first use
     prompt_tokens = {p.name: engine.prompt_tokens(p.text) for p in prompts}
