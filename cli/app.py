@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -19,7 +20,12 @@ from rich.table import Table
 from edgespec import catalogue
 from edgespec.config import Settings, resolve
 from edgespec.draft_head import HEAD_TOKENS, narrowed_path
-from edgespec.errors import BadSettingError, EdgespecError, ModelFileError
+from edgespec.errors import (
+    BadSettingError,
+    ContextOverflowError,
+    EdgespecError,
+    ModelFileError,
+)
 from edgespec.files import written_into_place
 from edgespec.stats import Stats
 from edgespec.text import valid_text
@@ -33,7 +39,7 @@ from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
 
 if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
-    from edgespec.engine import Engine
+    from edgespec.engine import Engine, Result, Stream
 
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click import exceptions as click_exceptions
@@ -124,6 +130,19 @@ def read_prompt(prompt: str) -> str:
     if prompt == "-":
         return read_stdin(lambda f: f.read())
     return valid_text(prompt)
+
+
+def prompt_lines(prompt: str) -> Iterator[str]:
+    """The lines of the prompt that hold text; for "-", stdin's, each as soon as it arrives (a
+    script may write its next question after reading an answer)."""
+    if prompt == "-":
+        lines: Iterable[str] = (
+            line.decode("utf-8", "replace") if isinstance(line, bytes) else valid_text(line)
+            for line in getattr(sys.stdin, "buffer", sys.stdin)
+        )
+    else:
+        lines = valid_text(prompt).splitlines()
+    return (line.rstrip("\r\n") for line in lines if line.strip())
 
 
 def read_stdin(read: Callable[[IO], str | bytes]) -> str:
@@ -250,6 +269,14 @@ def run(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,
+    each_line: Annotated[
+        bool,
+        typer.Option(
+            "--each-line",
+            help="Answer each line of the prompt on its own ('-': each line of stdin as it "
+            "comes), the models loaded once; prints one JSON object a line per answer",
+        ),
+    ] = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; a summary goes to stderr."""
@@ -267,11 +294,16 @@ def run(
             )
         # One from config.toml or EDGESPEC_SYSTEM is for the prompts that have a template.
         settings = dataclasses.replace(settings, system=None)
-    text = read_prompt(prompt)
+    if each_line:
+        lines = prompt_lines(prompt)
+        text = next(lines, "")  # the first, before loading: no prompt at all fails at once
+    else:
+        text = read_prompt(prompt)
     if not text.strip():
         raise BadSettingError("the prompt is empty")
     options = generation_options(
         settings,
+        stop=tuple(stop or ()),
         branch_p=branch_p,
         max_branches=max_branches,
         max_nodes=max_nodes,
@@ -288,26 +320,21 @@ def run(
         # Bad values fail before any model is loaded or measured.
         GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
         engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
+    if each_line:
+        answer_each_line(engine, settings, itertools.chain([text], lines), chat, options)
+        return
     # A prompt longer than the context fails here, before a first use's measuring.
-    stream = engine.stream(text, stop=tuple(stop or ()), chat=chat, **options)
+    stream = engine.stream(text, chat=chat, **options)
     profile_if_needed(engine, settings)
-    pieces = iter(stream)
     try:
-        for piece in pieces:
-            if not as_json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        result = finish(stream, None if as_json else write_now)
     except KeyboardInterrupt:
         # The text so far stays (with --json, in the object: finish_reason "interrupted");
         # main() says it was interrupted.
-        pieces.close()  # the generation ends where it stood: its text and statistics are kept
         if as_json and stream.result is not None:
             sys.stdout.write(json.dumps(stream.result.to_dict(), ensure_ascii=False))
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        write_now("\n")
         raise typer.Exit(INTERRUPTED) from None
-    result = stream.result
-    assert result is not None
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     else:
@@ -316,6 +343,63 @@ def run(
         err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
         if verbose:
             err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
+
+
+def finish(stream: Stream, write: Callable[[str], object] | None) -> Result:
+    """The stream's result, each piece of text given to `write` as it comes. A Ctrl+C ends the
+    generation where it stood, its text and statistics kept in `stream.result`, and goes on up."""
+    pieces = iter(stream)
+    try:
+        for piece in pieces:
+            if write is not None:
+                write(piece)
+    except KeyboardInterrupt:
+        pieces.close()
+        raise
+    assert stream.result is not None
+    return stream.result
+
+
+def write_now(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def answer_each_line(
+    engine: Engine,
+    settings: Settings,
+    prompts: Iterable[str],
+    chat: bool | None,
+    options: dict[str, object],
+) -> None:
+    """One JSON object a line per prompt, its "prompt" first, each written when it is done. A
+    prompt too long for the context gets an "error" in place of an answer, and the run ends
+    with an error once every prompt is done."""
+    profiled, answered, too_long = False, 0, 0
+    for text in prompts:
+        try:
+            stream = engine.stream(text, chat=chat, **options)
+        except ContextOverflowError as e:
+            write_now(json.dumps({"prompt": text, "error": str(e)}, ensure_ascii=False) + "\n")
+            too_long += 1
+            continue
+        answered += 1
+        if not profiled:  # on first use, measured before the first answer's clock starts
+            profile_if_needed(engine, settings)
+            profiled = True
+        try:
+            result = finish(stream, None)
+        except KeyboardInterrupt:
+            if stream.result is not None:  # the answer so far: finish_reason "interrupted"
+                answer = {"prompt": text, **stream.result.to_dict()}
+                write_now(json.dumps(answer, ensure_ascii=False) + "\n")
+            raise typer.Exit(INTERRUPTED) from None
+        write_now(json.dumps({"prompt": text, **result.to_dict()}, ensure_ascii=False) + "\n")
+    if too_long:
+        raise ContextOverflowError(
+            f"{too_long} of {answered + too_long} prompts did not fit the context of "
+            f'{engine.n_ctx} tokens (their lines say "error"); use a larger --ctx-size'
+        )
 
 
 def placement_report(stats: Stats) -> str:

@@ -165,6 +165,7 @@ class GenerationConfig:
         _ = self.sampling  # validates the sampling settings
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
+            (all(self.stop), "--stop must not be empty (it would stop before any text)"),
             (
                 self.draft_max is None or 1 <= self.draft_max <= 64,
                 f"--draft-max must be between 1 and 64 (got {self.draft_max})",

@@ -120,6 +120,88 @@ def test_run_reads_the_prompt_from_stdin(capsys, monkeypatch, smol_path):
     assert code == 0 and json.loads(out)["stats"]["n_prompt_tokens"] > 5
 
 
+def test_each_line_answers_every_prompt_as_a_run_of_its_own_would_with_the_models_loaded_once(
+    capsys, monkeypatch, smol_path
+):
+    import edgespec.cli.app as app
+
+    loads = []
+    load_engine = app.load_engine
+    monkeypatch.setattr(app, "load_engine", lambda *a, **k: loads.append(1) or load_engine(*a, **k))
+    prompts = ["What is 2 + 2?", "Name a colour.", "Count to five."]
+    args = ["run", "-m", str(smol_path), "--draft", str(smol_path), "-n", "12"]
+    alone = [json.loads(cli(capsys, *args, "--json", p)[1])["text"] for p in prompts]
+    loads.clear()
+    monkeypatch.setattr(
+        sys, "stdin", io.StringIO(f"{prompts[0]}\n\n  \n{prompts[1]}\r\n{prompts[2]}")
+    )
+    code, out, _ = cli(capsys, *args, "--each-line", "-")
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(loads) == 1
+    assert [a["prompt"] for a in answers] == prompts  # blank lines are not prompts
+    assert [a["text"] for a in answers] == alone
+    assert answers[1]["stats"]["n_prompt_eval"] < answers[1]["stats"]["n_prompt_tokens"]
+
+
+def test_each_line_of_stdin_is_answered_before_the_next_is_read(smol_path):
+    """A script can hold one edgespec open and ask its questions in turn (a coprocess)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "-n", "4",
+         "--each-line", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    for question in ("Hi", "Bye"):
+        proc.stdin.write(f"{question}\n".encode())
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["prompt"] == question  # stdin still open
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+def test_each_line_marks_a_prompt_too_long_for_the_context_and_answers_the_others(
+    capsys, smol_path
+):
+    long = "word " * 400
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "-n", "4", "-c", "256",
+                         "--each-line", f"Hi\n{long}\nBye")  # fmt: skip
+    first, too_long, last = (json.loads(line) for line in out.splitlines())
+    assert first["text"] and last["text"] and "text" not in too_long
+    assert "the context holds 256" in too_long["error"]
+    one_line_error(code, err, "1 of 3 prompts did not fit the context of 256 tokens")
+
+
+def test_each_line_stops_at_ctrl_c_with_the_answers_so_far_and_the_one_interrupted(
+    capsys, smol_path, monkeypatch
+):
+    from edgespec.engine import Stream
+
+    commit = Stream._commit
+    answers_at_three_tokens = []
+
+    def ctrl_c_in_the_second_answer(self, token):
+        if len(self.run.generated) == 3:
+            answers_at_three_tokens.append(self)
+            if len(answers_at_three_tokens) == 2:
+                raise KeyboardInterrupt
+        return commit(self, token)
+
+    monkeypatch.setattr(Stream, "_commit", ctrl_c_in_the_second_answer)
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "--mode", "target", "-n", "8",
+                         "--each-line", "Hi\nHello\nBye")  # fmt: skip
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert code == 130 and err.strip() == "interrupted"
+    assert [a["prompt"] for a in answers] == ["Hi", "Hello"]
+    assert answers[0]["stats"]["finish_reason"] != "interrupted"
+    assert answers[1]["stats"]["finish_reason"] == "interrupted" and len(answers[1]["tokens"]) == 3
+
+
+def test_each_line_with_no_line_of_text_is_an_empty_prompt(capsys, monkeypatch, smol_path):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n  \n"))
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--each-line", "-")
+    one_line_error(code, err, "the prompt is empty")
+
+
 def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, smol_q4_0, tmp_path):
     code, out, _ = cli(capsys, "inspect", str(smol_path), str(smol_q4_0), "--json")
     assert code == 0
@@ -265,6 +347,7 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["-t", "0"], "--threads must be at least 1 (got 0)"),
         (["--draft-threads", "-2"], "--draft-threads must be at least 1"),
         (["--raw", "--system", "Be brief"], "--system needs the chat template"),
+        (["--stop", "</s>", "--stop", ""], "--stop must not be empty"),
     ],
 )
 def test_bad_flag_values_are_one_clear_line(capsys, smol_path, flags, needle):
