@@ -263,10 +263,12 @@ class Context:
         n_seq_max: int = 1,
         pinned: PinnedThread | None = None,
         flash_attn: bool | None = None,
+        logit_columns: int | None = None,
     ):
         """`flash_attn`: attention by llama.cpp's flash attention kernel or by matrix products;
         None: llama.cpp's choice (on, for the CPU). Which is faster depends on the CPU
-        (profile.measure_attention)."""
+        (profile.measure_attention). `logit_columns`: logits of the first tokens only, as many
+        as this (a draft's, where its target has fewer tokens: no others can be proposed)."""
         self._ctx = self._batch = None  # close() may run on a half-made Context (Ctrl+C)
         self.model = model
         self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
@@ -299,6 +301,7 @@ class Context:
         self.n_batch: int = ll.llama_n_batch(self._ctx)
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_vocab = model.n_vocab
+        self._columns = min(logit_columns or model.n_vocab, model.n_vocab)
         # One batch for the life of the context: the decode loop allocates nothing.
         self._head = model.head
         n_embd = model.head.n_embd if model.head else 0
@@ -447,7 +450,7 @@ class Context:
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
+            return np.empty((0, self._columns), dtype=np.float32)
         if self._head is not None:
             return self._narrowed_logits(batch.n_tokens, n_out)
         # Outputs are stored contiguously in batch order (llama_get_logits reorders them).
@@ -458,7 +461,7 @@ class Context:
                 self._logits_views.clear()
             pointer = ll.llama_get_logits(self._ctx)
             view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
-            self._logits_views[key] = view
+            view = self._logits_views[key] = view[:, : self._columns]
         return view
 
     def _narrowed_logits(self, n_rows: int, n_out: int) -> np.ndarray:

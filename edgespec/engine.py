@@ -334,6 +334,8 @@ class Engine:
                 n_seq_max=N_SEQ_MAX,
                 pinned=pinned_thread(self.placement.draft_cpus, "draft"),
                 flash_attn=self.draft_profile.flash_attn if self.draft_profile else None,
+                # A padded vocabulary's extra tokens, which the target could not evaluate.
+                logit_columns=None if draft.head else target.n_vocab,
             )
         self.adapt_threads = adapt_threads
         self._govern()
@@ -776,11 +778,9 @@ class Engine:
         could not evaluate them. Tokens only the target has have probability 0."""
         probs = probs_from_logits(row, params)
         if self._draft_head is None:  # row i is token i: the ids both models have line up
-            n = min(len(probs), len(out))
-            out[:n] = probs[:n]
+            n = len(probs)  # at most the target's: the draft's rows leave out tokens it lacks
+            out[:n] = probs
             out[n:] = 0.0  # tokens only the target has
-            if n < len(probs):
-                _renormalise(out)
             return
         out.fill(0.0)  # what a narrowed draft cannot propose
         ids = self._draft_head.id_array

@@ -112,6 +112,31 @@ def test_a_draft_with_more_tokens_than_the_target_keeps_its_distribution(smol_pa
         assert engine.generate(prompt, max_tokens=24, mode=mode, seed=1, temperature=0.9).tokens
 
 
+def test_a_draft_that_prefers_a_token_the_target_lacks_never_proposes_it(smol_path, wider_q2_draft):
+    """Greedy drafts took the argmax of the draft's whole row: an id past the target's
+    vocabulary went into its batch, and llama.cpp refused the batch (a RuntimeError)."""
+    import llama_cpp
+
+    engine = edgespec.load(smol_path, draft=wider_q2_draft, n_ctx=N_CTX)
+    draft_ctx, n_vocab = engine.draft_ctx, engine.draft.n_vocab
+    decode = draft_ctx.decode
+
+    def decode_preferring_the_last_extra_token(*args, **kwargs):
+        rows = decode(*args, **kwargs)
+        if len(rows):  # in llama.cpp's own buffer, whatever view edgespec takes of it
+            pointer = llama_cpp.llama_get_logits(draft_ctx._ctx)
+            logits = np.ctypeslib.as_array(pointer, shape=(len(rows), n_vocab))
+            logits[:, -1] = logits.max() + 50.0
+        return rows
+
+    draft_ctx.decode = decode_preferring_the_last_extra_token
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    plain = engine.generate(prompt, max_tokens=24, mode="target").tokens
+    for mode in ("chain", "tree", "auto"):
+        assert engine.generate(prompt, max_tokens=24, mode=mode).tokens == plain, mode
+    assert engine.generate(prompt, max_tokens=24, mode="chain", seed=1, temperature=0.9).tokens
+
+
 def test_a_target_with_more_tokens_than_the_draft_samples_in_every_mode(
     tmp_path_factory, smol_path, smol_q2_k
 ):
