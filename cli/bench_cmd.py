@@ -58,7 +58,12 @@ def bench(
     ] = None,
     repeats: Annotated[int, typer.Option(help="Runs of every mode on every prompt")] = 3,
     threads: Annotated[
-        int | None, typer.Option("--threads", "-t", help="Threads [default: all cores]")
+        int | None,
+        typer.Option(
+            "--threads",
+            "-t",
+            help="Threads of each model [default: one per CPU of each, as run places them]",
+        ),
     ] = None,
     ctx_size: Annotated[
         int, typer.Option("--ctx-size", "-c", help="Context size in tokens")

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec.cores import format_cpu_list, plan_placement
+from edgespec.cores import available_cpus, format_cpu_list, plan_placement
 from edgespec.errors import BadSettingError, EdgespecError
 from edgespec.overlap import OverlapReport, measure_overlap
 from edgespec.profile import (
@@ -33,9 +33,8 @@ from . import options as opt
 def profile(
     target: opt.Target = None,
     draft: opt.Draft = None,
-    threads: Annotated[
-        int | None, typer.Option("--threads", "-t", help="Threads [default: all cores]")
-    ] = None,
+    threads: opt.Threads = None,
+    draft_threads: opt.DraftThreads = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer batch sizes and rounds: a few seconds")
     ] = False,
@@ -60,21 +59,26 @@ def profile(
     timed first, and the faster kept for every later run.
     """
     # Imported here: app.py imports this module to register the command.
-    from edgespec.engine import default_threads
+    from edgespec.engine import check_threads
 
     from .app import DEFAULT_TARGET, resolve, resolve_draft, resolve_model
 
     # The models, threads and CPUs `run` would take: flags, else EDGESPEC_* or config.toml.
     settings = resolve(
         dict(
-            target=target, draft=draft, threads=threads, target_cpus=target_cpus,
-            draft_cpus=draft_cpus,
+            target=target, draft=draft, threads=threads, draft_threads=draft_threads,
+            target_cpus=target_cpus, draft_cpus=draft_cpus,
         )
     )  # fmt: skip
+    check_threads(settings.threads, settings.draft_threads)
     target_cpus, draft_cpus = settings.target_cpus, settings.draft_cpus
+    # Each model measured where `run` puts it, with its threads, or `run` would not find the
+    # profile (its key) and measure one of its own: on a phone the target on the big cores.
+    placement = plan_placement(target_cpus, draft_cpus)
+    target_threads = settings.threads or len(placement.target_cpus)
+    draft_threads = settings.draft_threads or len(placement.draft_cpus)
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     assert target_path is not None
-    n_threads = settings.threads or default_threads()
     # With no model named, the draft `run` uses: the default one in its fastest form here (made
     # and timed now if it has not been), not the file fetched, which `run` may never load. Chosen
     # with the draft's threads as `run` places them, so both find the same choice record (with
@@ -93,17 +97,22 @@ def profile(
         raise EdgespecError(f"cannot keep profiles in {folder}: {e.strerror or e}") from None
     status = Console(stderr=True, highlight=False)
 
-    def measure(path: Path) -> tuple[DeviceProfile, Path | None]:
-        with status.status(f"measuring {path.name} on {n_threads} threads"):
-            measured = profile_model(path, n_threads, quick=quick)
-        stored = load_profile(path, n_threads)
+    def measure(path: Path, n_threads: int, cpus: list[int]) -> tuple[DeviceProfile, Path | None]:
+        where = format_cpu_list(cpus)
+        with status.status(f"measuring {path.name} on {n_threads} threads, CPUs {where}"):
+            # Pinned as `run` pins (cores.pinned_thread): not where those are all the CPUs.
+            pinned = where if set(cpus) != available_cpus() else None
+            measured = profile_model(path, n_threads, cpus=pinned, quick=quick)
+        stored = load_profile(path, n_threads, where)
         if measured.quick and stored is not None and not stored.quick:
             status.print(f"{path.name}: kept the stored full profile (a quick one is rougher)")
             return measured, None
         return measured, save_profile(measured)
 
-    target_profile, target_saved = measure(target_path)
-    draft_profile, draft_saved = measure(draft_path) if draft_path else (None, None)
+    target_profile, target_saved = measure(target_path, target_threads, placement.target_cpus)
+    draft_profile, draft_saved = (
+        measure(draft_path, draft_threads, placement.draft_cpus) if draft_path else (None, None)
+    )
     draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
     overlap_report = None
     if overlap:

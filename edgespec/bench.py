@@ -493,7 +493,8 @@ class BenchSettings:
     date: str
     target: ModelFile
     draft: ModelFile | None
-    threads: int  # for decoding and batches alike; the draft's too
+    threads: int  # the target's and the Llama baselines', for decoding and batches alike; the
+    # draft's too where they were given (else one per CPU of its own, as `run` places it)
     n_ctx: int
     repeats: int
     modes: list[str]
@@ -745,8 +746,9 @@ def run_bench(
     SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = checked_modes(modes, has_draft=draft is not None)
-    threads = threads or default_threads()
+    # -t for both models; without it each takes one thread per CPU of its own, as in `run`.
     engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
+    threads = engine.threads
     if "auto" in modes:
         engine.profile_if_missing()  # as `edgespec run` does on first use
     prompt_tokens = {p.name: engine.prompt_tokens(p.text) for p in prompts}

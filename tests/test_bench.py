@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -357,6 +358,23 @@ def test_a_sampling_bench_draws_repeat_r_with_seed_r_in_every_mode_and_compares_
     assert report.row("llama", "sky").tokens != greedy  # llama-cpp-python samples too
     with pytest.raises(BadSettingError, match="--temp"):
         run_bench(smol_path, None, ["target"], load_prompts(tiny_suite), temperature=-0.5)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="big and little need two CPUs")
+def test_on_big_and_little_cores_the_bench_gives_each_model_the_threads_run_gives_it(
+    smol_path, smol_q4_0, tiny_suite, monkeypatch
+):
+    """It gave the target a thread for every CPU, where `run` gives it one per big core."""
+    from edgespec.cores import CoreLayout
+
+    big, little = sorted(os.sched_getaffinity(0))[:1], sorted(os.sched_getaffinity(0))[1:]
+    layout = CoreLayout(big, little, uniform=False, source="cpu_capacity")
+    monkeypatch.setattr("edgespec.cores.detect_cores", lambda **_: layout)
+    prompts = load_prompts(tiny_suite)[:1]
+    report = run_bench(smol_path, smol_q4_0, ["target"], prompts, repeats=1, n_ctx=512)
+    assert report.settings.threads == len(big)
+    with pytest.raises(BadSettingError, match="--threads must be at least 1"):
+        run_bench(smol_path, smol_q4_0, ["target"], prompts, repeats=1, threads=0)
 
 
 def test_the_command_says_when_it_sampled_and_gives_no_text_verdict(smol_path, tiny_suite):

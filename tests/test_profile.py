@@ -482,6 +482,42 @@ def test_with_no_model_named_profile_measures_the_draft_run_would_use(
     assert report["draft"]["model_file"] == fastest.name
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="big and little need two CPUs")
+def test_on_big_and_little_cores_profile_measures_each_model_where_run_puts_it(
+    home, runner_app, smol_path, smol_q4_0, monkeypatch
+):
+    """It measured both on every core with a thread each: `run`, the target on the big cores and
+    the draft on the little ones, found neither profile and measured its own."""
+    import edgespec
+    from edgespec.cores import CoreLayout
+
+    big, little = sorted(os.sched_getaffinity(0))[:1], sorted(os.sched_getaffinity(0))[1:]
+    layout = CoreLayout(big, little, uniform=False, source="cpu_capacity")
+    monkeypatch.setattr("edgespec.cores.detect_cores", lambda **_: layout)
+    args = ["profile", "-m", str(smol_path), "--draft", str(smol_q4_0), "--quick", "--json"]
+    result = CliRunner().invoke(runner_app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["target"]["n_threads"], report["target"]["cpus"]) == (1, format_cpu_list(big))
+    assert (report["draft"]["n_threads"], report["draft"]["cpus"]) == (
+        len(little),
+        format_cpu_list(little),
+    )
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    assert engine.placement.target_cpus == big and engine.placement.draft_cpus == little
+    assert engine.profile == load_profile(smol_path, 1, format_cpu_list(big)) is not None
+    assert engine.draft_profile is not None
+
+
+def test_profile_refuses_a_thread_count_below_one_before_measuring(home, runner_app, smol_path):
+    for flag in ("-t", "--draft-threads"):
+        result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), flag, "0"])
+        assert result.exit_code != 0
+        assert f"{'--threads' if flag == '-t' else flag} must be at least 1" in str(
+            result.exception
+        )
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pipeline needs two CPUs")
 def test_profile_overlap_times_serial_and_pipelined_rounds_on_split_cpus(
     home, runner_app, smol_path
