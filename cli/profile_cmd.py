@@ -33,8 +33,13 @@ from . import options as opt
 def profile(
     target: opt.Target = None,
     draft: opt.Draft = None,
-    threads: opt.Threads = None,
-    draft_threads: opt.DraftThreads = None,
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", "-t", help="Target threads [default: one per --target-cpus CPU]"),
+    ] = None,
+    draft_threads: Annotated[
+        int | None, typer.Option(help="Draft threads [default: one per --draft-cpus CPU]")
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer batch sizes and rounds: a few seconds")
     ] = False,
