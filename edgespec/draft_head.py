@@ -235,6 +235,12 @@ class NarrowedHead:
         self._extra_rows = np.empty((MAX_EXTRA_TOKENS, self.n_embd), dtype=np.float32)
         self.n_extra = 0
         self._row = np.empty(self.n_kept + MAX_EXTRA_TOKENS, dtype=np.float32)
+        self._proposable = self.n_kept  # kept columns from here on are never proposed
+
+    def propose_below(self, n_vocab: int) -> None:
+        """Never propose a kept token whose id is `n_vocab` or more: a target with a smaller
+        vocabulary could not evaluate it. Kept ids are sorted, so those are the last columns."""
+        self._proposable = int(np.searchsorted(self._id_array[: self.n_kept], n_vocab))
 
     def feed_one(self, token: int, dst: int) -> None:
         """`feed` of one token into the float32 row at address `dst`: a draft step."""
@@ -282,6 +288,8 @@ class NarrowedHead:
 
     def logits(self, kept: np.ndarray, hidden: np.ndarray) -> np.ndarray:
         """The logits of a row (or rows): llama.cpp's for the kept tokens, then the extras'."""
+        if self._proposable < self.n_kept:  # rare: a padded vocabulary wider than the target's
+            kept[..., self._proposable :] = -np.inf
         n = self.n_extra
         if n == 0:
             return kept

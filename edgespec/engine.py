@@ -351,6 +351,8 @@ class Engine:
         self._q_rows = np.empty((0, target.n_vocab if draft else 0), dtype=np.float32)
         # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
         self._draft_head = draft.head if draft is not None else None
+        if self._draft_head is not None:
+            self._draft_head.propose_below(target.n_vocab)
         self._draft_id_list = self._draft_head.ids if self._draft_head else None
         n_rows = draft.n_vocab + MAX_EXTRA_TOKENS if self._draft_head else self._draft_vocab
         self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates

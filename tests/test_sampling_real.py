@@ -137,6 +137,33 @@ def test_a_draft_that_prefers_a_token_the_target_lacks_never_proposes_it(smol_pa
     assert engine.generate(prompt, max_tokens=24, mode="chain", seed=1, temperature=0.9).tokens
 
 
+def test_a_narrowed_draft_that_prefers_a_token_the_target_lacks_never_proposes_it(
+    smol_path, tmp_path
+):
+    """A narrowed draft keeps user-defined tokens, a padded vocabulary's among them: its kept
+    columns past the target's vocabulary went into the target's batch as well."""
+    from edgespec.drafts import narrow
+
+    wider = with_extra_tokens(smol_path, tmp_path / "wide.gguf", 8)
+    narrow(wider, tmp_path / "wide.head2k.gguf", 2048)
+    engine = edgespec.load(smol_path, draft=tmp_path / "wide.head2k.gguf", n_ctx=N_CTX)
+    head = engine.draft.head
+    beyond = np.flatnonzero(np.asarray(head.ids[: head.n_kept]) >= engine.target.n_vocab)
+    assert len(beyond) == 8
+    logits = head.logits
+
+    def logits_preferring_the_last_of_them(kept, hidden):
+        kept[..., beyond[-1]] = kept.max() + 50.0  # as llama.cpp would have computed it
+        return logits(kept, hidden)
+
+    head.logits = logits_preferring_the_last_of_them
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    plain = engine.generate(prompt, max_tokens=24, mode="target").tokens
+    for mode in ("chain", "tree", "auto"):
+        assert engine.generate(prompt, max_tokens=24, mode=mode).tokens == plain, mode
+    assert engine.generate(prompt, max_tokens=24, mode="chain", seed=1, temperature=0.9).tokens
+
+
 def test_a_target_with_more_tokens_than_the_draft_samples_in_every_mode(
     tmp_path_factory, smol_path, smol_q2_k
 ):
