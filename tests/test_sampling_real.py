@@ -130,11 +130,7 @@ def test_a_draft_that_prefers_a_token_the_target_lacks_never_proposes_it(smol_pa
         return rows
 
     draft_ctx.decode = decode_preferring_the_last_extra_token
-    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
-    plain = engine.generate(prompt, max_tokens=24, mode="target").tokens
-    for mode in ("chain", "tree", "auto"):
-        assert engine.generate(prompt, max_tokens=24, mode=mode).tokens == plain, mode
-    assert engine.generate(prompt, max_tokens=24, mode="chain", seed=1, temperature=0.9).tokens
+    assert_drafting_goes_on_as_plain_decoding(engine)
 
 
 def test_a_narrowed_draft_that_prefers_a_token_the_target_lacks_never_proposes_it(
@@ -157,6 +153,11 @@ def test_a_narrowed_draft_that_prefers_a_token_the_target_lacks_never_proposes_i
         return logits(kept, hidden)
 
     head.logits = logits_preferring_the_last_of_them
+    assert_drafting_goes_on_as_plain_decoding(engine)
+
+
+def assert_drafting_goes_on_as_plain_decoding(engine) -> None:
+    """Greedy chain, tree and auto give plain decoding's tokens; a sampled chain runs."""
     prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
     plain = engine.generate(prompt, max_tokens=24, mode="target").tokens
     for mode in ("chain", "tree", "auto"):
