@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from edgespec.cores import available_cpus, format_cpu_list, plan_placement
+from edgespec.cores import format_cpu_list, needs_pinning, plan_placement
 from edgespec.errors import BadSettingError, EdgespecError
 from edgespec.overlap import OverlapReport, measure_overlap
 from edgespec.profile import (
@@ -105,8 +105,7 @@ def profile(
     def measure(path: Path, n_threads: int, cpus: list[int]) -> tuple[DeviceProfile, Path | None]:
         where = format_cpu_list(cpus)
         with status.status(f"measuring {path.name} on {n_threads} threads, CPUs {where}"):
-            # Pinned as `run` pins (cores.pinned_thread): not where those are all the CPUs.
-            pinned = where if set(cpus) != available_cpus() else None
+            pinned = where if needs_pinning(cpus) else None  # as `run` pins
             measured = profile_model(path, n_threads, cpus=pinned, quick=quick)
         stored = load_profile(path, n_threads, where)
         if measured.quick and stored is not None and not stored.quick:

@@ -263,12 +263,13 @@ class Context:
         n_seq_max: int = 1,
         pinned: PinnedThread | None = None,
         flash_attn: bool | None = None,
-        logit_columns: int | None = None,
+        vocab_limit: int | None = None,
     ):
         """`flash_attn`: attention by llama.cpp's flash attention kernel or by matrix products;
         None: llama.cpp's choice (on, for the CPU). Which is faster depends on the CPU
-        (profile.measure_attention). `logit_columns`: logits of the first tokens only, as many
-        as this (a draft's, where its target has fewer tokens: no others can be proposed)."""
+        (profile.measure_attention). `vocab_limit`: no token with this id or more can come out
+        of the logits (a draft's, where its target has fewer tokens and could not evaluate
+        them): they are cut off the rows, or, in a narrowed draft's kept columns, score -inf."""
         self._ctx = self._batch = None  # close() may run on a half-made Context (Ctrl+C)
         self.model = model
         self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
@@ -301,7 +302,11 @@ class Context:
         self.n_batch: int = ll.llama_n_batch(self._ctx)
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_vocab = model.n_vocab
-        self._columns = min(logit_columns or model.n_vocab, model.n_vocab)
+        self._columns = model.n_vocab  # of each logits row
+        if vocab_limit is not None and model.head is not None:  # its row j is token ids[j]
+            model.head.propose_below(vocab_limit)
+        elif vocab_limit is not None:
+            self._columns = min(vocab_limit, model.n_vocab)
         # One batch for the life of the context: the decode loop allocates nothing.
         self._head = model.head
         n_embd = model.head.n_embd if model.head else 0

@@ -247,10 +247,15 @@ class PinnedThread:
         self._executor.shutdown(wait=True)
 
 
+def needs_pinning(cpus: list[int]) -> bool:
+    """Whether a model on `cpus` runs pinned: not where those are all the CPUs this process may
+    use anyway (no hand-off per decode for nothing)."""
+    return set(cpus) != available_cpus()
+
+
 def pinned_thread(cpus: list[int], name: str) -> PinnedThread | None:
-    """A pinned thread for a model on `cpus`; None when those are all the CPUs this process
-    may use anyway (no hand-off per decode for nothing)."""
-    return PinnedThread(cpus, name) if set(cpus) != available_cpus() else None
+    """A pinned thread for a model on `cpus`, where it needs one (needs_pinning)."""
+    return PinnedThread(cpus, name) if needs_pinning(cpus) else None
 
 
 def threads_by_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[str, int]:

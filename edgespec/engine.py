@@ -334,8 +334,7 @@ class Engine:
                 n_seq_max=N_SEQ_MAX,
                 pinned=pinned_thread(self.placement.draft_cpus, "draft"),
                 flash_attn=self.draft_profile.flash_attn if self.draft_profile else None,
-                # A padded vocabulary's extra tokens, which the target could not evaluate.
-                logit_columns=None if draft.head else target.n_vocab,
+                vocab_limit=target.n_vocab,  # a padded vocabulary's extra tokens
             )
         self.adapt_threads = adapt_threads
         self._govern()
@@ -351,8 +350,6 @@ class Engine:
         self._q_rows = np.empty((0, target.n_vocab if draft else 0), dtype=np.float32)
         # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
         self._draft_head = draft.head if draft is not None else None
-        if self._draft_head is not None:
-            self._draft_head.propose_below(target.n_vocab)
         self._draft_id_list = self._draft_head.ids if self._draft_head else None
         n_rows = draft.n_vocab + MAX_EXTRA_TOKENS if self._draft_head else self._draft_vocab
         self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates
@@ -788,10 +785,9 @@ class Engine:
         ids = self._draft_head.id_array
         if self._draft_vocab <= len(out):
             out[ids] = probs
-            return
-        kept = ids < len(out)
-        out[ids[kept]] = probs[kept]
-        _renormalise(out)
+        else:  # those past the target's vocabulary have probability 0 (Context's vocab_limit)
+            kept = ids < len(out)
+            out[ids[kept]] = probs[kept]
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
@@ -1565,15 +1561,6 @@ class Stream:
     @property
     def text(self) -> str:
         return "".join(self._text)
-
-
-def _renormalise(q: np.ndarray) -> None:
-    """A draft distribution whose tokens the target lacks were dropped, summing to 1 again."""
-    mass = q.sum()
-    if mass > 0:
-        q /= mass
-    else:  # all of it on tokens the target lacks: any q keeps the target's distribution
-        q[0] = 1.0
 
 
 def check_threads(threads: int | None, draft_threads: int | None) -> None:
