@@ -106,7 +106,8 @@ install_edgespec() {
 	fi
 
 	say "edgespec from $REPO"
-	if [[ -x $python ]] && "$python" -c 'import edgespec, sys; sys.exit(not edgespec.__file__.startswith(sys.argv[1]))' "$REPO/" 2>/dev/null; then
+	# Asked from / : run from the checkout, Python would import its ./edgespec whatever the venv has.
+	if [[ -x $python ]] && (cd / && "$python" -c 'import edgespec, sys; sys.exit(not edgespec.__file__.startswith(sys.argv[1]))' "$REPO/" 2>/dev/null); then
 		done_already "edgespec is installed from this checkout"
 	else
 		run env CMAKE_ARGS="$cmake_args" "$python" -m pip install -e "$REPO"
@@ -120,9 +121,15 @@ fetch_and_profile() {
 	memory="$(memory_mib)"
 	if [[ -z $target ]]; then
 		if ((memory > 0 && memory < SMALL_MEMORY_MIB)); then
-			say "this $device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
-				"fetching the 0.5B alone (plain decoding, no speculation)"
 			target=qwen2.5-coder-0.5b
+			if [[ -z $draft || $draft == "$target" ]]; then # a model drafting for itself gains nothing
+				say "this $device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
+					"fetching the 0.5B alone (plain decoding, no speculation)"
+				draft=none
+			else
+				say "this $device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
+					"the 0.5B is the target, $draft its draft"
+			fi
 		else
 			target=qwen2.5-coder-1.5b
 			draft="${draft:-qwen2.5-coder-0.5b}"

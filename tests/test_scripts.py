@@ -38,12 +38,13 @@ printf '%s\\n' '{FAKE_RESULT}'
 
 
 def run_script(
-    script: str, *args: str, env: dict[str, str], stdin: str = ""
+    script: str, *args: str, env: dict[str, str], stdin: str = "", cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Runs scripts/<script> with exactly `env`; stdin is a pipe, never the terminal."""
     return subprocess.run(
         [BASH, str(SCRIPTS / script), *args],
         env=env,
+        cwd=cwd,
         input=stdin,
         capture_output=True,
         text=True,
@@ -159,6 +160,15 @@ def test_with_little_memory_only_the_small_model_is_fetched(script, sandbox):
     assert "profile --quick -m qwen2.5-coder-0.5b\n" in done.stdout
 
 
+def test_with_little_memory_a_named_draft_that_is_the_small_model_is_left_out(sandbox):
+    small = {**sandbox, "EDGESPEC_MEM_MIB": "1900"}
+    done = run_script("rpi-setup.sh", "--dry-run", "--draft", "qwen2.5-coder-0.5b", env=small)
+    assert done.returncode == 0, done.stderr
+    assert "plain decoding, no speculation" in done.stdout
+    assert "models: qwen2.5-coder-0.5b\n" in done.stdout
+    assert "profile --quick -m qwen2.5-coder-0.5b\n" in done.stdout
+
+
 def test_a_target_chosen_alone_has_no_draft_as_in_edgespec_run(sandbox):
     done = run_script("rpi-setup.sh", "--dry-run", "--target", "smollm2-135m", env=sandbox)
     assert done.returncode == 0, done.stderr
@@ -195,6 +205,17 @@ def test_steps_already_done_are_skipped(sandbox, tmp_path):
     assert "pip install" not in done.stdout
     # EDGESPEC_HOME is empty: the models are still to fetch
     assert "models fetch qwen2.5-coder-1.5b" in done.stdout
+
+
+def test_run_from_the_checkout_an_empty_venv_still_gets_edgespec(sandbox, tmp_path):
+    # As the README says to run it: from the checkout's root, where `import edgespec` in any
+    # Python finds ./edgespec whether or not the venv has it.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    done = run_script("rpi-setup.sh", "--dry-run", env=sandbox, cwd=SCRIPTS.parent)
+    assert done.returncode == 0, done.stderr
+    assert "already done: edgespec" not in done.stdout
+    assert f"pip install -e {SCRIPTS.parent}" in done.stdout
 
 
 @pytest.mark.parametrize("script", SETUP_SCRIPTS)
