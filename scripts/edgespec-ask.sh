@@ -6,7 +6,8 @@
 #        some-command | edgespec-ask.sh [-n TOKENS]
 #   -n TOKENS   tokens to generate at most [default: 256]
 # Environment: EDGESPEC, the edgespec command [default: edgespec on PATH]
-# When edgespec fails, its one-line `error: ...` shows on stderr and its exit code is returned.
+# When edgespec fails, its one-line `error: ...` shows on stderr and its exit code is returned;
+# Ctrl+C stops the answer, shows what came of it so far and exits 130.
 set -euo pipefail
 
 # Besides shell builtins this needs edgespec and one JSON reader: python3, or else jq.
@@ -67,9 +68,12 @@ fi
 
 # The question travels on stdin ("-"), so that no length or quoting limit of arguments applies.
 # edgespec's stderr is not captured: its error line, if any, reaches the caller unchanged.
+# Ctrl+C reaches edgespec too, which stops and still prints the answer so far (exit 130): this
+# shell waits for it and shows that answer rather than dying at once and losing it.
+trap : INT
 status=0
 result="$(printf '%s\n' "$question" | "$edgespec" run --json -n "$tokens" -)" || status=$?
-((status == 0)) || exit "$status"
+((status == 0)) || [[ $status == 130 && -n $result ]] || exit "$status"
 
 if [[ $reader == python3 ]]; then
 	python3 -c "$READ_JSON_PY" <<<"$result" || fail "cannot read edgespec's JSON output"
@@ -77,3 +81,4 @@ else
 	{ jq -r .text <<<"$result" && jq -r "$STATS_JQ" <<<"$result" >&2; } ||
 		fail "cannot read edgespec's JSON output"
 fi
+exit "$status"

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -291,3 +293,39 @@ def test_ask_usage_errors_exit_2(fake, args, stdin, message):
     done = run_script(ASK, *args, env=fake, stdin=stdin)
     assert done.returncode == 2
     assert message in done.stderr
+
+
+# Stands in for edgespec interrupted mid-answer: says it is generating, then on Ctrl+C prints
+# the answer so far and exits 130, as `edgespec run --json` does.
+INTERRUPTED_EDGESPEC = f"""#!{sys.executable}
+import json, os, pathlib, sys, time
+pathlib.Path(os.environ["FAKE_DIR"], "generating").touch()
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    stats = {{**{STATS!r}, "mode": "auto", "finish_reason": "interrupted"}}
+    print(json.dumps({{"text": "A palindrome", "tokens": [1], "stats": stats}}))
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def test_ask_interrupted_shows_the_answer_so_far_and_exits_130(fake, tmp_path):
+    (tmp_path / "bin" / "edgespec").write_text(INTERRUPTED_EDGESPEC)
+    # Its own process group, as a terminal's Ctrl+C signals the script and edgespec together.
+    script = subprocess.Popen(
+        [BASH, str(SCRIPTS / ASK), "hello"],
+        env=fake,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "generating").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(script.pid, signal.SIGINT)
+    out, err = script.communicate(timeout=30)
+    assert script.returncode == 130, err
+    assert out == "A palindrome\n"
+    assert err.startswith("interrupted\n")
