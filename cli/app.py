@@ -85,6 +85,13 @@ app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 err = Console(stderr=True, highlight=False)
 
+
+def note(message: str) -> None:
+    """What edgespec does of its own (first-use copies, profiles), dim on stderr, one line each
+    in a log (file names taken as they are, not as rich markup)."""
+    err.print(message, style="dim", markup=False, soft_wrap=True)
+
+
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
@@ -116,7 +123,7 @@ def resolve_draft(settings: Settings) -> Path | None:
         plan_placement(settings.target_cpus, settings.draft_cpus).draft_cpus
     )
     # No spinner: its refresh thread would take CPU from the timing.
-    choice = fastest_draft(fetched, n_threads, say=lambda m: err.print(m, style="dim"))
+    choice = fastest_draft(fetched, n_threads, say=note)
     return choice.path(fetched.parent)
 
 
@@ -208,7 +215,7 @@ def profile_if_needed(engine: Engine, settings: Settings) -> None:
     """auto plans with this device's costs; chain and tree price their n-gram rounds with them:
     measured on first use."""
     if settings.mode in (None, "auto", "chain", "tree"):
-        engine.profile_if_missing(say=lambda m: err.print(m, style="dim"))
+        engine.profile_if_missing(say=note)
 
 
 def generation_options(settings: Settings, **tree: object) -> dict[str, object]:

@@ -49,15 +49,28 @@ def fetch(
     try:
         # Check every name first: a typo in the last one should not wait for the first download.
         specs = [catalogue.spec(name) for name in names]
-        stderr = Console(stderr=True)
+        stderr = Console(stderr=True, highlight=False)
         for s in specs:
+            # Hashed here, not wherever a model is used: a second or two a gigabyte.
+            if (present := catalogue.local_path(s.name)) and not catalogue.verify(s.name):
+                message = f"{present} is damaged (not the catalogue's sha256): fetching again"
+                stderr.print(message, markup=False, soft_wrap=True)
+                present.unlink()
             typer.echo(str(fetch_with_progress(s.name, stderr)))
     except EdgespecError as e:
         _fail(str(e), e.exit_code)
 
 
 def fetch_with_progress(name: str, console: Console) -> Path:
-    """Fetch a catalogue model with a byte progress bar on `console` (meant to be stderr)."""
+    """Fetch a catalogue model unless it is there, saying so on `console` (meant to be stderr),
+    with a byte progress bar where that is a terminal."""
+    if (present := catalogue.local_path(name)) is not None:
+        return present
+    size_mb = catalogue.spec(name).size / 2**20
+    where = catalogue.models_dir()
+    console.print(f"fetching {name} ({size_mb:,.0f} MB) into {where}", markup=False, soft_wrap=True)
+    if not console.is_terminal:
+        return catalogue.fetch(name)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

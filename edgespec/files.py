@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,8 @@ def written_into_place(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` for the block to write, moved onto `path` when the block
     ends without an error and removed otherwise. It is this process's own: two processes making
     the same file on first use (scripts started together) never write into one file, nor remove
-    the other's."""
+    the other's. What a writer killed outright left of `path` goes first."""
+    remove_leftovers(path.parent, temporaries_of(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
@@ -23,3 +26,36 @@ def written_into_place(path: Path) -> Iterator[Path]:
         # ended the block says more than this one would.
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def temporaries_of(path: Path) -> str:
+    """The names of `written_into_place`'s temporary files for `path`, for `remove_leftovers`."""
+    return rf"\.{re.escape(path.name)}\.(\d+)\.tmp"
+
+
+def remove_leftovers(folder: Path, pattern: str) -> None:
+    """Remove the files and folders in `folder` whose whole name matches `pattern`, a regular
+    expression whose group 1 is the id of the process that made them, where that process is
+    gone. A writer killed outright (SIGKILL, the OOM killer, Android ending Termux) cleans up
+    nothing, and its temporary files, hidden and as large as a model, would stay for good."""
+    name = re.compile(pattern)
+    with contextlib.suppress(OSError):  # no such folder, or one this process cannot list
+        for entry in folder.iterdir():
+            if (match := name.fullmatch(entry.name)) and not _running(int(match[1])):
+                with contextlib.suppress(OSError):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): it is running
+        return True
+    return True

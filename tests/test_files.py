@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from edgespec.files import written_into_place
@@ -31,3 +34,16 @@ def test_a_folder_below_a_file_raises_what_the_write_met_not_the_cleanup(tmp_pat
     (tmp_path / "a-file").write_text("")
     with pytest.raises(NotADirectoryError), written_into_place(tmp_path / "a-file" / "x") as tmp:
         tmp.write_text("new")
+
+
+def test_what_a_writer_killed_outright_left_goes_but_a_running_writers_file_stays(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its process id is free now
+    path = tmp_path / "draft.q4_0.gguf"
+    left = tmp_path / f".draft.q4_0.gguf.{dead.pid}.tmp"
+    left.write_bytes(b"half a model")
+    busy = tmp_path / f".draft.q4_0.gguf.{os.getppid()}.tmp"  # another process still writing
+    busy.write_bytes(b"a model in the making")
+    with written_into_place(path) as tmp:
+        tmp.write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, path.name])
