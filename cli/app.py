@@ -484,7 +484,7 @@ def quantize(
                 f"--output-type must be one of {', '.join(OUTPUT_TYPES)} (got {output_type!r})"
             )
     info = read_gguf(source)
-    check_destination(dest)
+    check_destination(dest, source)
     if info.file_type not in ("ALL_F32", "F16", "BF16"):
         err.print(
             f"[yellow]warning:[/yellow] {source.name} is already {info.file_type}; "
@@ -496,8 +496,11 @@ def quantize(
     print(dest)
 
 
-def check_destination(dest: Path) -> None:
-    """Fail before the work, not after it, where `dest` cannot be written as a file."""
+def check_destination(dest: Path, source: Path) -> None:
+    """Fail before the work, not after it, where `dest` cannot be written as a file, or would
+    be written over the `source` it is made from: the user's only copy of it, perhaps."""
+    if dest.exists() and dest.samefile(source):
+        raise BadSettingError(f"{dest} is the input file; name another file to write")
     if dest.is_dir():
         raise BadSettingError(f"{dest} is a directory; name the file to write")
     folder = dest.parent
@@ -531,9 +534,11 @@ def narrow(
             f"(got {tokens})"
         )
     dest = dest or narrowed_path(source, tokens)
-    if dest.resolve().parent != source.resolve().parent:
+    # It finds the draft by the name it is given here, in its own folder: a draft that is a
+    # link is found as the link, wherever the file it points to lies.
+    if dest.absolute().parent.resolve() != source.absolute().parent.resolve():
         raise BadSettingError("the narrowed copy must be written next to its draft")
-    check_destination(dest)
+    check_destination(dest, source)
     narrow_file(source, dest, tokens)
     print(dest)
 

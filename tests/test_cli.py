@@ -6,6 +6,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from llama_cpp import LLAMA_FTYPE_MOSTLY_Q4_0
 from edgespec.backend import quantize
 from edgespec.cli.app import main
 from edgespec.errors import ModelFileError
+from edgespec.gguf_info import read_gguf
 
 from .helpers import hear_ctrl_c, tensor_types, write_tiny_gguf
 
@@ -252,6 +254,14 @@ def test_quantize_writes_a_requantized_copy_and_can_cheapen_its_output_matrix(
     assert tensor_types(default)["token_embd.weight"] == "Q8_0"
     assert tensor_types(cheap)["token_embd.weight"] == "Q4_0"
     assert cheap.stat().st_size < default.stat().st_size
+
+
+def test_quantize_never_writes_over_its_input(capsys, smol_path, tmp_path):
+    source = tmp_path / "model.gguf"
+    shutil.copy(smol_path, source)
+    code, _, err = cli(capsys, "quantize", str(source), str(source), "--type", "Q4_0")
+    one_line_error(code, err, "is the input file")
+    assert read_gguf(source).file_type == read_gguf(smol_path).file_type
 
 
 @pytest.mark.parametrize(

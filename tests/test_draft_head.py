@@ -262,3 +262,18 @@ def test_the_narrow_command_writes_a_copy_next_to_the_draft(capsys, tmp_path, sm
     assert read_gguf(made).n_vocab == 4096
     one_line_error(*cli(capsys, "narrow", str(made))[::2], "already narrowed")
     one_line_error(*cli(capsys, "narrow", str(draft), "--tokens", "10")[::2], "--tokens")
+    one_line_error(*cli(capsys, "narrow", str(draft), str(draft))[::2], "is the input file")
+
+
+def test_a_draft_that_is_a_link_is_narrowed_next_to_the_link(
+    capsys, tmp_path, smol_q4_0, smol_path
+):
+    (tmp_path / "models").mkdir()
+    draft = tmp_path / "models" / "draft.gguf"
+    draft.symlink_to(smol_q4_0)  # a draft kept elsewhere, linked into a folder of models
+    code, out, err = cli(capsys, "narrow", str(draft), "--tokens", "4096")
+    assert code == 0, err
+    made = narrowed_path(draft, 4096)
+    assert out.strip() == str(made) and made.parent == draft.parent
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(made), "-n", "4", "Hi")
+    assert code == 0, err
