@@ -496,10 +496,10 @@ def quantize(
     print(dest)
 
 
-def check_destination(dest: Path, source: Path) -> None:
+def check_destination(dest: Path, source: Path | None = None) -> None:
     """Fail before the work, not after it, where `dest` cannot be written as a file, or would
     be written over the `source` it is made from: the user's only copy of it, perhaps."""
-    if dest.exists() and dest.samefile(source):
+    if source is not None and dest.exists() and dest.samefile(source):
         raise BadSettingError(f"{dest} is the input file; name another file to write")
     if dest.is_dir():
         raise BadSettingError(f"{dest} is a directory; name the file to write")

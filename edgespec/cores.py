@@ -244,7 +244,9 @@ class PinnedThread:
         return self._executor.submit(fn, *args)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """Stop the thread once the calls handed to it are done (from inside one of them, such
+        as a collected context's `__del__` there, without waiting for itself)."""
+        self._executor.shutdown(wait=threading.get_native_id() != self.native_id)
 
 
 def needs_pinning(cpus: list[int]) -> bool:

@@ -61,6 +61,8 @@ from .sampling import (
     accept_chain,
     accept_point_mass,
     draw_children,
+    is_real,
+    is_whole,
     probs_from_logits,
     sample,
 )
@@ -161,8 +163,29 @@ class GenerationConfig:
         default = LLMCAD_ALPHA0 if adaptive else FIXED_ALPHA
         return (default if self.alpha0 is None else self.alpha0), adaptive
 
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # one stop string, not one for each of its characters
+            object.__setattr__(self, "stop", (self.stop,))
+
     def validate(self, has_draft: bool) -> None:
         _ = self.sampling  # validates the sampling settings
+        # Types first: a float token count or a string fails deep inside drafting otherwise,
+        # or not at all (2.5 tokens made 3).
+        wholes = {
+            "--max-tokens": self.max_tokens,
+            "--draft-max": self.draft_max,
+            "--max-branches": self.max_branches,
+            "--max-nodes": self.max_nodes,
+            "--max-depth": self.max_depth,
+        }
+        for flag, value in wholes.items():
+            if not ((value is None and flag == "--draft-max") or is_whole(value)):
+                raise BadSettingError(f"{flag} must be a whole number (got {value!r})")
+        for flag, value in (("--branch-p", self.branch_p), ("--alpha0", self.alpha0)):
+            if not ((value is None and flag == "--alpha0") or is_real(value)):
+                raise BadSettingError(f"{flag} must be a number (got {value!r})")
+        if not isinstance(self.stop, Sequence) or not all(isinstance(s, str) for s in self.stop):
+            raise BadSettingError(f"--stop must be text or a sequence of texts (got {self.stop!r})")
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
             (all(self.stop), "--stop must not be empty (it would stop before any text)"),
@@ -245,6 +268,7 @@ class _Run:
     last_choice: str = ""  # auto: what drafted the last round ("plain", "ngram", "chain"...)
     pipeline: bool = False  # chains draft on while the target verifies
     ahead: _Ahead | None = None  # what the pipeline drafted that the next chain starts with
+    superseded: bool = False  # cut short: another generation began on the engine
 
 
 @dataclass
@@ -296,6 +320,8 @@ class Engine:
         --overlap` measured it paying on this device with these models and CPUs.
         `adapt_threads`: `threads` and `draft_threads` are the most each model uses; fewer
         while other programs keep cores busy (governor.py). False: always that many."""
+        if not is_whole(n_ctx):
+            raise BadSettingError(f"--ctx-size must be a whole number (got {n_ctx!r})")
         if n_ctx < 16:
             raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
         self.placement = placement or plan_placement()
@@ -343,6 +369,8 @@ class Engine:
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
         self._open_rounds: Generator[list[int], None, None] | None = None  # see _begin
+        self._open_run: _Run | None = None
+        self._closed = False
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         # Its rows span the target's vocabulary, which verification compares them with: a pair's
         # sizes may differ by up to 128 (Qwen2.5's 0.5B has 151,936 tokens, its 7B 152,064).
@@ -400,6 +428,27 @@ class Engine:
             if self.can_pipeline and draft is not None
             else None
         )
+
+    def close(self) -> None:
+        """Free both models and their contexts, and stop their pinned threads, now rather than
+        whenever the garbage collector gets to them. The engine cannot generate after it."""
+        if self._closed:
+            return
+        if self._open_rounds is not None:
+            self._open_rounds.close()  # a stream left open settles while the caches exist
+        self._closed = True
+        for ctx in (self.draft_ctx, self.target_ctx):
+            if ctx is not None:
+                ctx.close()
+        for model in (self.draft, self.target):
+            if model is not None:
+                model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (a few seconds) of each model that has none,
@@ -545,6 +594,8 @@ class Engine:
     # ----- generation ----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], **config) -> Stream:
         """Generate, yielding text as the target accepts it; `.result` holds the Result after."""
+        if self._closed:
+            raise BadSettingError("this engine is closed; load another")
         cfg = GenerationConfig(**config)
         cfg.validate(self.draft is not None)
         if self.pipeline and cfg.mode not in (None, "chain", "auto"):
@@ -554,10 +605,23 @@ class Engine:
         if isinstance(prompt, str):
             tokens = self.prompt_tokens(prompt, chat_mode=cfg.chat, system=cfg.system)
         else:
-            tokens = list(prompt)
-            if not tokens or len(tokens) >= self.n_ctx:
-                raise ContextOverflowError(f"a token prompt must have 1 to {self.n_ctx - 1} tokens")
+            tokens = self._token_prompt(prompt)
         return Stream(self, tokens, cfg)
+
+    def _token_prompt(self, prompt: object) -> list[int]:
+        """A prompt of token ids, checked: llama.cpp takes an id outside the vocabulary as a
+        failed decode, or an overflow of its int32."""
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+            raise BadSettingError(
+                f"a prompt is text or a sequence of token ids, not {type(prompt).__name__}"
+            )
+        tokens = list(prompt)
+        n_vocab = self.target.n_vocab
+        if not all(is_whole(t) and 0 <= t < n_vocab for t in tokens):
+            raise BadSettingError(f"a token prompt's ids must be whole numbers in 0..{n_vocab - 1}")
+        if not tokens or len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(f"a token prompt must have 1 to {self.n_ctx - 1} tokens")
+        return tokens
 
     def generate(self, prompt: str | Sequence[int], **config) -> Result:
         stream = self.stream(prompt, **config)
@@ -571,9 +635,10 @@ class Engine:
         alive by a reference) is closed first: its end settles the caches, and settled later,
         after this one had used them, it set them back to its own text (the next prompt then
         reused cells that held another)."""
-        if self._open_rounds is not None:
+        if self._open_rounds is not None and self._open_run is not None:
+            self._open_run.superseded = True
             self._open_rounds.close()
-        self._open_rounds = self._rounds(run)
+        self._open_rounds, self._open_run = self._rounds(run), run
         return self._open_rounds
 
     def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
@@ -1162,6 +1227,7 @@ class Engine:
         limit = min(MAX_AUTO_DRAFT, room, self._tokens_left(run) - 1)
         t0 = time.perf_counter()
         if costs.step_s.value is None:  # the engine's first rounds measure a plain step
+            run.stats.record_choice("plain")
             decided = self._round_target(run, room)
             # The first step after the prompt took 27 ms where the next ones took 23-24 here.
             if run.warmed_up:
@@ -1534,7 +1600,11 @@ class Stream:
         finally:
             rounds.close()
             self.stats.n_generated = len(run.generated)
-            self.stats.finish(self._reason or ("context" if ended else "interrupted"))
+            if not self._reason:
+                self._reason = "context" if ended else "interrupted"
+                if run.superseded:
+                    self._reason = "superseded"
+            self.stats.finish(self._reason)
             self.stats.threads_by_cpus = threads_by_cpus()
             engine = self.engine
             self.stats.thread_switches = engine.thread_switches() - self._switches_before
@@ -1566,6 +1636,8 @@ class Stream:
 def check_threads(threads: int | None, draft_threads: int | None) -> None:
     """None is one thread per CPU of the model's; a number must be at least 1."""
     for flag, value in (("--threads", threads), ("--draft-threads", draft_threads)):
+        if value is not None and not is_whole(value):
+            raise BadSettingError(f"{flag} must be a whole number (got {value!r})")
         if value is not None and value < 1:
             raise BadSettingError(f"{flag} must be at least 1 (got {value})")
 

@@ -32,16 +32,16 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _require(_is_real(self.temperature), "--temp", "a number", self.temperature)
+        _require(is_real(self.temperature), "--temp", "a number", self.temperature)
         _require(math.isfinite(self.temperature), "--temp", "finite", self.temperature)
         _require(self.temperature >= 0, "--temp", ">= 0", self.temperature)
-        _require(_is_whole(self.top_k), "--top-k", "a whole number", self.top_k)
+        _require(is_whole(self.top_k), "--top-k", "a whole number", self.top_k)
         _require(self.top_k >= 0, "--top-k", ">= 0 (0 turns it off)", self.top_k)
-        _require(_is_real(self.top_p) and 0 < self.top_p <= 1, "--top-p", "in (0, 1]", self.top_p)
-        _require(_is_real(self.min_p) and 0 <= self.min_p < 1, "--min-p", "in [0, 1)", self.min_p)
+        _require(is_real(self.top_p) and 0 < self.top_p <= 1, "--top-p", "in (0, 1]", self.top_p)
+        _require(is_real(self.min_p) and 0 <= self.min_p < 1, "--min-p", "in [0, 1)", self.min_p)
         if self.seed is not None:
             _require(
-                _is_whole(self.seed) and self.seed >= 0, "--seed", "a whole number >= 0", self.seed
+                is_whole(self.seed) and self.seed >= 0, "--seed", "a whole number >= 0", self.seed
             )
 
     @property
@@ -53,11 +53,11 @@ class SamplingParams:
         return np.random.default_rng(self.seed)
 
 
-def _is_real(value: object) -> bool:
+def is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _is_whole(value: object) -> bool:
+def is_whole(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -167,6 +167,8 @@ class Stats:
             line += ", rounds " + " ".join(f"{what} {n}" for what, n in self.choices.items())
         if self.finish_reason == "context":
             line += ", stopped: the context is full (a larger --ctx-size holds more)"
+        elif self.finish_reason == "superseded":
+            line += ", stopped: another generation began on the same engine"
         if self.thread_switches:
             now = " ".join(f"{role} {n}" for role, n in self.threads.items())
             line += (

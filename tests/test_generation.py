@@ -65,6 +65,14 @@ def test_statistics_add_up(q4_draft_engine):
     assert s.finish_reason in ("length", "stop")
 
 
+def test_auto_counts_every_round_among_its_choices_its_first_timed_steps_too(smol_path):
+    import edgespec
+
+    engine = edgespec.load(smol_path, n_ctx=256)  # fresh: its first rounds time a plain step
+    s = engine.generate(PROMPTS[1], max_tokens=5, mode="auto").stats
+    assert s.choices == {"plain": s.target_passes}
+
+
 def test_without_draft_max_a_chain_drafts_on_while_one_more_token_raises_the_expected_rate(
     q2_draft_engine, monkeypatch
 ):
@@ -254,6 +262,72 @@ def test_bad_settings_are_rejected_with_a_clear_message(self_draft_engine, plain
         self_draft_engine.generate("   ")
     with pytest.raises(BadSettingError, match="needs a draft"):
         plain_engine.generate("hi", mode="chain")
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ({"max_tokens": 2.5}, "--max-tokens must be a whole number (got 2.5)"),
+        ({"max_tokens": "5"}, "--max-tokens must be a whole number (got '5')"),
+        ({"max_tokens": None}, "--max-tokens must be a whole number (got None)"),
+        ({"mode": "chain", "draft_max": 1.5}, "--draft-max must be a whole number"),
+        ({"mode": "tree", "max_nodes": 2.5}, "--max-nodes must be a whole number"),
+        ({"mode": "tree", "branch_p": "x"}, "--branch-p must be a number"),
+        ({"stop": None}, "--stop must be text or a sequence of texts"),
+        ({"stop": [b"END"]}, "--stop must be text or a sequence of texts"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_bad_settings_not_crashes(
+    self_draft_engine, setting, needle
+):
+    with pytest.raises(BadSettingError) as error:
+        self_draft_engine.generate("hi", **setting)
+    assert needle in str(error.value)
+
+
+def test_one_stop_string_may_be_given_as_text(plain_engine):
+    listed = plain_engine.generate(PROMPTS[1], max_tokens=60, mode="target", stop=["Mars"])
+    alone = plain_engine.generate(PROMPTS[1], max_tokens=60, mode="target", stop="Mars")
+    assert alone.stats.finish_reason == "stop_string"  # not at the first "M", "a", "r" or "s"
+    assert alone.text == listed.text and len(alone.text) > 20
+
+
+@pytest.mark.parametrize(
+    "prompt", [[1, 10**6], [1, -5], [1, 2**40], [1, 2.0], b"hello", 42], ids=repr
+)
+def test_a_prompt_of_bad_token_ids_is_a_bad_setting_and_the_engine_goes_on(plain_engine, prompt):
+    with pytest.raises(BadSettingError, match=r"token prompt's ids|a prompt is text"):
+        plain_engine.generate(prompt, max_tokens=3, mode="target")
+    assert plain_engine.generate(PROMPTS[3], max_tokens=3, mode="target").tokens
+
+
+def test_a_stream_cut_short_by_another_generation_says_so(plain_engine):
+    stream = plain_engine.stream(PROMPTS[1], max_tokens=40, mode="target")
+    pieces = iter(stream)
+    assert next(pieces)
+    plain_engine.generate("Say hi.", max_tokens=3, mode="target")
+    rest = list(pieces)  # ends: the other generation took the caches
+    assert stream.result is not None and len(stream.result.tokens) < 40
+    assert stream.result.stats.finish_reason == "superseded", rest
+    assert "another generation" in stream.result.stats.summary()
+
+
+def test_a_closed_engine_frees_its_threads_and_generates_no_more(smol_path):
+    import threading
+
+    import edgespec
+
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    before = threading.active_count()
+    with edgespec.load(
+        smol_path, smol_path, n_ctx=256, target_cpus=str(last), draft_cpus=str(first)
+    ) as engine:
+        assert engine.generate(PROMPTS[3], max_tokens=4, mode="chain").tokens
+        assert threading.active_count() > before  # each model's pinned thread
+    assert threading.active_count() == before
+    engine.close()  # twice is harmless
+    with pytest.raises(BadSettingError, match="closed"):
+        engine.generate(PROMPTS[3], max_tokens=4)
 
 
 def test_a_prompt_longer_than_the_context_is_rejected(smol_path):
