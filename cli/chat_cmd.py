@@ -115,7 +115,7 @@ class Repl:
         self.conversation = conversation
         self.settings = settings
         self.interactive = interactive  # a terminal: prompts and line editing
-        self.catching_up: threading.Thread | None = None  # the draft, while the user types
+        self.catching_up: threading.Event | None = None  # set once the draft has caught up
 
     def run(self) -> None:
         if self.interactive:
@@ -140,8 +140,8 @@ class Repl:
             if not text.strip():
                 continue
             try:
-                self.settle()
                 if text.startswith("/"):
+                    self.settle()
                     if not self.command(text.strip()):
                         return
                 else:
@@ -161,7 +161,7 @@ class Repl:
         line = read_stdin(lambda f: f.readline())
         if not line:
             raise EOFError
-        return line.rstrip("\n")
+        return line.rstrip("\r\n")  # a file written on Windows ends its lines in \r\n
 
     def read_message(self) -> str:
         """One line, or the lines between two \"\"\" (the first may follow them directly)."""
@@ -179,6 +179,8 @@ class Repl:
 
     # ----- answers ---------------------------------------------------------------------------
     def answer(self, text: str) -> None:
+        # Asked before waiting for the draft (only the target's tokenizer is used): a Ctrl+C
+        # during the wait then keeps the question, with an empty answer cut short.
         reply = self.conversation.ask(text, **self.generation_options())
         if reply.dropped:
             err.print(
@@ -187,10 +189,12 @@ class Repl:
                 soft_wrap=True,
             )
         try:
+            self.settle()
             for piece in reply:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
+            reply.close()
             sys.stdout.write("\n")
             err.print("[dim]interrupted[/dim]")
             return
@@ -215,13 +219,24 @@ class Repl:
             return
         if self.generation_options().get("mode") in ("target", "ngram"):
             return
-        self.catching_up = threading.Thread(target=catch_up_quietly, args=(engine,), daemon=True)
-        self.catching_up.start()
+        caught_up = threading.Event()
+
+        def catch_up() -> None:
+            try:
+                catch_up_quietly(engine)
+            finally:
+                caught_up.set()
+
+        threading.Thread(target=catch_up, daemon=True).start()
+        self.catching_up = caught_up
 
     def settle(self) -> None:
-        """Wait for the draft's catching up: the engine does one thing at a time."""
+        """Wait for the draft's catching up: the engine does one thing at a time. Waited for on
+        an Event, not by Thread.join: a join cut short by Ctrl+C leaves the thread looking
+        finished (Python 3.11), and the next answer drafted while it still decoded the draft:
+        llama.cpp aborted the whole process (GGML_ASSERT), the conversation lost."""
         if self.catching_up is not None:
-            self.catching_up.join()
+            self.catching_up.wait()
             self.catching_up = None
 
     def generation_options(self, settings: Settings | None = None) -> dict[str, object]:

@@ -30,8 +30,8 @@ def _compile(template: str):
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(template)
-    except jinja2.exceptions.TemplateError as e:
-        raise ChatTemplateError(f"the chat template does not parse: {e}") from e
+    except Exception as e:  # a GGUF's template is untrusted: whatever fails is its fault
+        raise ChatTemplateError(f"the chat template does not parse: {_reason(e)}") from e
 
 
 def render(
@@ -42,17 +42,28 @@ def render(
     eos_token: str = "",
     add_generation_prompt: bool = True,
 ) -> str:
-    import jinja2
-
+    compiled = _compile(template)
     try:
-        return _compile(template).render(
+        text = compiled.render(
             messages=messages,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
         )
-    except jinja2.exceptions.TemplateError as e:
-        raise ChatTemplateError(f"the chat template failed: {e}") from e
+    except Exception as e:  # {{ 1/0 }} as well as raise_exception(...): the template's doing
+        raise ChatTemplateError(f"the chat template failed: {_reason(e)}") from e
+    if not text.strip():
+        raise ChatTemplateError("the chat template made an empty prompt of these messages")
+    return text
+
+
+def _reason(error: Exception) -> str:
+    """A template's own errors say what went wrong; Python's need their kind said."""
+    import jinja2
+
+    if isinstance(error, jinja2.exceptions.TemplateError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def messages_for(prompt: str, system: str | None = None) -> list[Message]:

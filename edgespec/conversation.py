@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -51,6 +52,7 @@ class Reply:
         # Oldest turns that no longer fit the context: the model does not see them from this
         # question on (the conversation keeps them, and saves them).
         self.dropped = dropped
+        self._ended = False
 
     def __iter__(self) -> Iterator[str]:
         finished = False
@@ -58,7 +60,14 @@ class Reply:
             yield from self.stream
             finished = True
         finally:
-            self.conversation._answered(self.stream, interrupted=not finished)
+            self.close(interrupted=not finished)
+
+    def close(self, interrupted: bool = True) -> None:
+        """End the answer where it is: one that never began (Ctrl+C before its first token)
+        joins the conversation empty and interrupted, so the question stays, answered."""
+        if not self._ended:
+            self._ended = True
+            self.conversation._answered(self.stream, interrupted)
 
 
 class Conversation:
@@ -152,14 +161,20 @@ class Conversation:
         return {"system": self.system, "messages": [asdict(m) for m in self.messages]}
 
     def save(self, path: str | Path) -> None:
-        """Write the conversation as JSON, atomically: a crash never leaves half a file."""
+        """Write the conversation as JSON, atomically: a crash never leaves half a file. A link
+        is written through, to the file it names; a file saved over keeps its permissions (a
+        new one gets the usual ones, not the temporary file's owner-only)."""
         path = Path(path).expanduser()
+        if path.is_symlink():
+            path = path.resolve()
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         try:
+            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _new_file_mode()
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
+                os.chmod(tmp, mode)
                 os.replace(tmp, path)
             except BaseException:
                 os.unlink(tmp)
@@ -204,3 +219,10 @@ def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:
             raise bad(f'message {i} needs a string "content" and a boolean "interrupted"')
         messages.append(Message(role, valid_text(content), interrupted))
     return (valid_text(system) if system is not None else None), messages
+
+
+def _new_file_mode() -> int:
+    """The permissions open() gives a new file here: 0o666 less the umask (read by setting it)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -180,10 +180,13 @@ def piped_chat(smol_path, tmp_path, lines: str, *extra: str) -> subprocess.Compl
 
 
 def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
-    done = piped_chat(smol_path, tmp_path, "Hi\nWhat is 2+2?\n")
+    # Lines ending in \r\n (a file from Windows): the \r is no part of the message.
+    saved_to = tmp_path / "chat.json"
+    done = piped_chat(smol_path, tmp_path, f"Hi\r\nWhat is 2+2?\r\n/save {saved_to}\r\n")
     assert done.returncode == 0, done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 2
     assert done.stdout.strip() and ">>>" not in done.stdout
+    assert [m["content"] for m in saved(saved_to)][::2] == ["Hi", "What is 2+2?"]
 
 
 def test_a_chat_started_in_target_mode_with_a_draft_can_switch_to_drafting(smol_path, tmp_path):
@@ -269,10 +272,21 @@ def test_text_that_was_not_utf8_is_asked_and_saved(small_engine, tmp_path):
     conversation.save(tmp_path / "chat.json")  # a lone surrogate made saving fail
 
 
-def test_a_chat_template_that_fails_is_an_error_at_the_start(small_engine):
-    """Before, every question failed with it and the chat went on (and exited 0)."""
-    with pytest.raises(EdgespecError, match="chat template"):
-        Conversation(small_engine, template="{{ raise_exception('roles must alternate') }}")
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("{{ raise_exception('roles must alternate') }}", "failed: roles must alternate"),
+        ("{{ 1/0 }}", "failed: ZeroDivisionError"),  # Python's errors, not only jinja's
+        ("{{ messages + 1 }}", "failed: TypeError"),
+        ("{% for m in messages %}", "does not parse"),
+        ("{# nothing #}", "made an empty prompt"),
+    ],
+)
+def test_a_chat_template_that_fails_is_an_error_at_the_start(small_engine, template, reason):
+    """Before, every question failed with it and the chat went on (and exited 0); a template
+    failing with a Python error was a traceback, and one rendering nothing an empty prompt."""
+    with pytest.raises(EdgespecError, match="the chat template " + reason):
+        Conversation(small_engine, template=template)
 
 
 def test_a_message_too_long_for_the_context_is_an_error_and_changes_nothing(small_engine):
@@ -306,6 +320,28 @@ def test_save_and_load_round_trip(small_engine, tmp_path):
     assert loaded.messages == conversation.messages
     assert loaded.prompt_tokens() == conversation.prompt_tokens()
     assert [p.name for p in tmp_path.iterdir()] == ["chat.json"]  # no temporary file left
+
+
+def test_saving_over_a_file_keeps_its_permissions_and_a_link_stays_a_link(small_engine, tmp_path):
+    conversation = Conversation(small_engine)
+    answer(conversation, "Hi", max_tokens=4)
+    shared = tmp_path / "shared.json"
+    shared.write_text("{}")
+    shared.chmod(0o644)
+    link = tmp_path / "latest.json"
+    link.symlink_to(shared)
+    conversation.save(link)
+    assert link.is_symlink() and json.loads(shared.read_text())["messages"]
+    assert shared.stat().st_mode & 0o777 == 0o644  # not the temporary file's 0o600
+    fresh = tmp_path / "new.json"
+    conversation.save(fresh)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 @pytest.mark.parametrize(
@@ -379,3 +415,37 @@ def test_piped_messages_leave_the_draft_to_catch_up_inside_the_answer(q4_draft_e
     """Nobody types between piped lines: the work would only move from the answer to before it."""
     seen = chat_with_lines(q4_draft_engine, ["Hi", "What is 2+2?"], interactive=False)
     assert seen and not any(catching_up for catching_up, _ in seen)
+
+
+def test_ctrl_c_while_the_draft_catches_up_keeps_the_question_and_the_next_answer_waits(
+    q4_draft_engine, monkeypatch
+):
+    """Ctrl+C cut a Thread.join short, after which the thread looked finished (Python 3.11): the
+    next answer drafted while the catching up still decoded the draft, and llama.cpp aborted the
+    process. The question typed before that Ctrl+C was dropped, too."""
+    import threading
+
+    from edgespec.cli import chat_cmd
+    from edgespec.config import Settings
+
+    busy = threading.Event()
+
+    def slow_catch_up(engine: edgespec.Engine) -> None:  # the draft's catching up, drawn out
+        busy.set()
+        time.sleep(1.5)
+        busy.clear()
+
+    monkeypatch.setattr(chat_cmd, "catch_up_quietly", slow_catch_up)
+    q4_draft_engine.forget_caches()
+    conversation = Conversation(q4_draft_engine)
+    repl = chat_cmd.Repl(conversation, Settings(max_tokens=8, mode="chain"), interactive=True)
+    repl.answer("Hi")
+    assert busy.wait(5)  # catching up while the person types
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    repl.answer("What is 2+2?")  # Ctrl+C while it waits for the draft
+    assert conversation.messages[-2:] == [
+        Message("user", "What is 2+2?"),
+        Message("assistant", "", interrupted=True),
+    ]
+    repl.settle()
+    assert not busy.is_set()  # waited for, this time too
