@@ -327,6 +327,8 @@ def run(
         # Bad values fail before any model is loaded or measured.
         GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
         engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
+    if settings.source("system") != "flag" and engine.target.info.chat_template is None:
+        options["system"] = None  # as with --raw: the file's or environment's is for templates
     if each_line:
         answer_each_line(engine, settings, itertools.chain([text], lines), chat, options)
         return
@@ -457,7 +459,7 @@ def quantize(
     source: Annotated[Path, typer.Argument(help="Input GGUF")],
     dest: Annotated[Path, typer.Argument(help="Output GGUF")],
     type_: Annotated[str, typer.Option("--type", help=f"One of {', '.join(QUANT_TYPES)}")] = "Q4_0",
-    threads: Annotated[int, typer.Option("--threads", "-t")] = 0,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="Threads; 0: one per CPU")] = 0,
     output_type: Annotated[
         str | None,
         typer.Option(
@@ -476,6 +478,10 @@ def quantize(
 
     if type_.upper() not in QUANT_TYPES:
         raise BadSettingError(f"--type must be one of {', '.join(QUANT_TYPES)} (got {type_!r})")
+    if threads:  # 0: llama.cpp's own choice, a thread per CPU
+        from edgespec.engine import check_threads
+
+        check_threads(threads, None)
     output_ggml_type = None
     if output_type is not None:
         output_ggml_type = getattr(llama_cpp, f"GGML_TYPE_{output_type.upper()}", None)

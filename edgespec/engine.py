@@ -112,6 +112,7 @@ PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machin
 PASS_FACTOR_TOLERANCE = 0.05
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp aborts above it
 LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
 FIXED_ALPHA = 0.3  # verify once the best branch is less likely than this to be accepted in full
 
@@ -320,10 +321,7 @@ class Engine:
         --overlap` measured it paying on this device with these models and CPUs.
         `adapt_threads`: `threads` and `draft_threads` are the most each model uses; fewer
         while other programs keep cores busy (governor.py). False: always that many."""
-        if not is_whole(n_ctx):
-            raise BadSettingError(f"--ctx-size must be a whole number (got {n_ctx!r})")
-        if n_ctx < 16:
-            raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
+        check_ctx_size(n_ctx, target.n_ctx_train, target.path)
         self.placement = placement or plan_placement()
         check_threads(threads, draft_threads)
         threads = threads or len(self.placement.target_cpus)
@@ -1633,13 +1631,31 @@ class Stream:
         return "".join(self._text)
 
 
+def check_ctx_size(n_ctx: object, trained: int | None, model: Path) -> None:
+    """At least 16 tokens, at most what the model was trained for: beyond it llama.cpp's
+    attention degrades, and a huge number wrapped around in its 32-bit field (a 256-token
+    context, or one that took all the memory and was killed for it)."""
+    if not is_whole(n_ctx):
+        raise BadSettingError(f"--ctx-size must be a whole number (got {n_ctx!r})")
+    assert isinstance(n_ctx, int)
+    if n_ctx < 16:
+        raise BadSettingError(f"--ctx-size must be at least 16 (got {n_ctx})")
+    if trained and n_ctx > trained:
+        raise BadSettingError(
+            f"--ctx-size must be at most {trained}, the context {Path(model).name} was trained "
+            f"for (got {n_ctx})"
+        )
+
+
 def check_threads(threads: int | None, draft_threads: int | None) -> None:
-    """None is one thread per CPU of the model's; a number must be at least 1."""
+    """None is one thread per CPU of the model's; a number must be 1 to ggml's limit."""
     for flag, value in (("--threads", threads), ("--draft-threads", draft_threads)):
         if value is not None and not is_whole(value):
             raise BadSettingError(f"{flag} must be a whole number (got {value!r})")
         if value is not None and value < 1:
             raise BadSettingError(f"{flag} must be at least 1 (got {value})")
+        if value is not None and value > MAX_THREADS:
+            raise BadSettingError(f"{flag} must be at most {MAX_THREADS} (got {value})")
 
 
 def default_threads() -> int:
@@ -1674,6 +1690,7 @@ def load(
     check_threads(threads, draft_threads)  # bad values fail before any loading
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
     target_info = read_gguf(target)
+    check_ctx_size(n_ctx, target_info.context_length, target_info.path)
     if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
         raise ModelFileError(
             f"{target_info.path.name} is a narrowed draft (its output keeps {target_info.n_vocab}"

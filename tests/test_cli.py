@@ -355,6 +355,8 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--pipeline"], "CPUs of their own"),
         (["--pipeline", "--mode", "ngram"], "--pipeline"),
         (["-t", "0"], "--threads must be at least 1 (got 0)"),
+        (["-t", "99999999999999999999"], "--threads must be at most 512"),
+        (["-c", "4294967312"], "--ctx-size must be at most 8192, the context"),
         (["--draft-threads", "-2"], "--draft-threads must be at least 1"),
         (["--raw", "--system", "Be brief"], "--system needs the chat template"),
         (["--stop", "</s>", "--stop", ""], "--stop must not be empty"),
@@ -668,3 +670,21 @@ def test_a_bad_value_from_config_toml_names_the_file_and_line(
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "-n", "0", "hi")  # typed: no source
     one_line_error(code, err, "--max-tokens must be at least 1 (got 0)")
     assert "set by" not in err
+
+
+def test_a_system_message_from_the_environment_is_left_out_for_a_model_without_a_template(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    """As with --raw: config.toml's or EDGESPEC_SYSTEM's message is for models that have a chat
+    template. A model without one failed every prompt, without saying where the message came
+    from; typed as --system, it is still an error."""
+    bare = tmp_path / "no-template.gguf"
+    remove = ["--force", "--remove-metadata", "tokenizer.chat_template"]
+    command = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", *remove, str(smol_path)]
+    subprocess.run([*command, str(bare)], check=True, capture_output=True)
+    monkeypatch.setenv("EDGESPEC_SYSTEM", "Be brief.")
+    code, out, err = cli(capsys, "run", "-m", str(bare), "--mode", "target", "-n", "4", "Once")
+    assert code == 0, err
+    assert out.strip()
+    code, _, err = cli(capsys, "run", "-m", str(bare), "--system", "Be brief.", "-n", "4", "Once")
+    one_line_error(code, err, "a system message needs the chat template")
