@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -234,6 +237,28 @@ def generation_options(settings: Settings, **tree: object) -> dict[str, object]:
     )
 
 
+def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` takes SIGTERM as it takes Ctrl+C: the answer so far is written (with --json,
+    in the object) and the exit is 130. Scripts stop a run that way (`timeout 60 edgespec run`,
+    `kill`, Android ending a task), and lost all of it."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    @functools.wraps(command)
+    def wrapped(*args: object, **kwargs: object) -> None:
+        if threading.current_thread() is not threading.main_thread():  # no signals there
+            return command(*args, **kwargs)
+        before = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+
+    return wrapped
+
+
+@sigterm_as_ctrl_c
 def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     target: opt.Target = None,
@@ -556,6 +581,11 @@ for command in (run, chat, bench, profile, quantize, narrow, inspect):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: errors become one line on stderr and an exit code, never a traceback."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        print("error: stdout is closed: there is nowhere to write to", file=sys.stderr)
+        return 1
+    if sys.stdin is None:  # stdin closed (`<&-`): as empty, which "-" then says
+        sys.stdin = open(os.devnull)  # noqa: SIM115 (for the life of the process)
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="edgespec", standalone_mode=False)

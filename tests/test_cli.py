@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -568,6 +569,32 @@ def test_ctrl_c_exits_130_and_keeps_the_partial_output(smol_path, placement):
     assert proc.returncode == 130
     assert first and (first + rest).strip()
     assert b"Traceback" not in err and b"interrupted" in err
+
+
+def test_sigterm_keeps_the_answer_so_far_as_ctrl_c_does(smol_path):
+    """`timeout 60 edgespec run --json ...` in a script: the object so far, not nothing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "--mode", "target",
+         "--json", "-n", "2000", "-c", "4096", "--raw", "Once upon a time"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(4)  # loaded and generating by now (2,000 tokens take a minute or more)
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert result["stats"]["finish_reason"] == "interrupted" and result["text"]
+
+
+@pytest.mark.parametrize(
+    ("closed", "message"),
+    [("stdin", "error: the prompt is empty"), ("stdout", "error: stdout is closed")],
+)
+def test_a_closed_stdin_or_stdout_is_one_line_not_a_traceback(smol_path, closed, message):
+    close = {"stdin": "0<&-", "stdout": ">&-"}[closed]
+    command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -n 2 - {close}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and done.stderr.startswith(message) and "\n" not in done.stderr[:-1]
 
 
 def test_a_reader_that_goes_away_is_not_an_error(smol_path):
