@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgespec import catalogue
@@ -518,8 +519,9 @@ def quantize(
     check_destination(dest, source)
     if info.file_type not in ("ALL_F32", "F16", "BF16"):
         err.print(
-            f"[yellow]warning:[/yellow] {source.name} is already {info.file_type}; "
-            "requantizing loses quality"
+            f"[yellow]warning:[/yellow] {escape(source.name)} is already {info.file_type}; "
+            "requantizing loses quality",
+            soft_wrap=True,
         )
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_.upper()}")
     with written_into_place(dest) as tmp:

@@ -101,6 +101,9 @@ def bench(
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
     if json_out is not None:  # so does a file that cannot be written: not after an hour's run
         check_destination(json_out)
+    for flag, value in (("--modes", modes), ("--classes", classes)):
+        if value is not None and not _split(value):  # '' ran everything
+            raise BadSettingError(f"{flag} names nothing (got {value!r}); leave it out for all")
     if modes:  # so does an unknown mode (whether a draft is needed is known once it resolved)
         checked_modes(_split(modes), has_draft=True)
     selected = load_prompts(prompts, _split(classes) if classes else None)

@@ -378,6 +378,14 @@ def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsy
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--modes", ""), ("--classes", " , ")])
+def test_a_bench_of_no_modes_or_no_classes_is_one_clear_line_not_all_of_them(
+    capsys, smol_path, flag, value
+):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), flag, value)
+    one_line_error(code, err, f"{flag} names nothing")
+
+
 def test_a_bench_report_that_cannot_be_written_fails_before_the_run(capsys, smol_path):
     missing = "/nonexistent-dir/report.json"
     code, _, err = cli(
