@@ -215,6 +215,12 @@ def load_engine(
     return engine
 
 
+def check_pipeline_mode(pipeline: bool | None, mode: str | None) -> None:
+    """--pipeline pipelines chains: asked for in a mode without them, it is a mistake."""
+    if pipeline and mode not in (None, "chain", "auto"):
+        raise BadSettingError(f"--pipeline works in modes chain and auto, not {mode}")
+
+
 def profile_if_needed(engine: Engine, settings: Settings) -> None:
     """auto plans with this device's costs; chain and tree price their n-gram rounds with them:
     measured on first use."""
@@ -352,6 +358,7 @@ def run(
     with sources_named(settings):
         # Bad values fail before any model is loaded or measured.
         GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
+        check_pipeline_mode(pipeline, settings.mode)
         engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
     if settings.source("system") != "flag" and engine.target.info.chat_template is None:
         options["system"] = None  # as with --raw: the file's or environment's is for templates

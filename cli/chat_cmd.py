@@ -76,6 +76,7 @@ def chat(
     from edgespec.engine import GenerationConfig
 
     from .app import (
+        check_pipeline_mode,
         draft_named_or_default,
         generation_options,
         load_engine,
@@ -94,6 +95,7 @@ def chat(
     # Bad values fail before any model is loaded or measured.
     with sources_named(settings):
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
+        check_pipeline_mode(pipeline, settings.mode)  # `/set mode` later: chains pipelined only
         engine = load_engine(
             settings, verbose, pipeline, adapt_threads=adapt_threads, named_draft=True
         )

@@ -596,8 +596,6 @@ class Engine:
             raise BadSettingError("this engine is closed; load another")
         cfg = GenerationConfig(**config)
         cfg.validate(self.draft is not None)
-        if self.pipeline and cfg.mode not in (None, "chain", "auto"):
-            raise BadSettingError(f"--pipeline works in modes chain and auto, not {cfg.mode}")
         if cfg.mode is None:
             cfg = replace(cfg, mode="auto")
         if isinstance(prompt, str):

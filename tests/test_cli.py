@@ -354,7 +354,7 @@ def test_mismatched_vocabularies_are_one_clear_line_naming_both_models(capsys, t
         (["--draft-cpus", "1-x"], "bad CPU list"),
         (["--mode", "tree", "--alpha0", "0"], "--alpha0"),
         (["--pipeline"], "CPUs of their own"),
-        (["--pipeline", "--mode", "ngram"], "--pipeline"),
+        (["--pipeline", "--mode", "ngram"], "--pipeline works in modes chain and auto, not ngram"),
         (["-t", "0"], "--threads must be at least 1 (got 0)"),
         (["-t", "99999999999999999999"], "--threads must be at most 512"),
         (["-c", "4294967312"], "--ctx-size must be at most 8192, the context"),
@@ -437,6 +437,19 @@ def test_what_the_system_refuses_is_one_line_where_nothing_explains_it_better(ca
 def test_an_empty_prompt_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "  ")
     one_line_error(code, err, "empty")
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_a_pipeline_asked_for_in_a_mode_without_chains_fails_before_loading_anything(
+    capsys, smol_path, monkeypatch, command
+):
+    """It failed at each question, after the models were loaded and measured."""
+    import edgespec
+
+    monkeypatch.setattr(edgespec, "load", pytest.fail)
+    args = ["-m", str(smol_path), "--draft", str(smol_path), "--pipeline", "--mode", "tree"]
+    code, _, err = cli(capsys, command, *args, *(["hi"] if command == "run" else []))
+    one_line_error(code, err, "--pipeline works in modes chain and auto, not tree")
 
 
 def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
