@@ -481,7 +481,7 @@ def inspect(
         table.add_row(key, *(str(i.summary()[key]) for i in infos))
     console.print(table)
     if other:
-        console.print(f"draft/target pair: {verdict}")
+        console.print(f"draft/target pair: {verdict}", markup=False, soft_wrap=True)
 
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K")

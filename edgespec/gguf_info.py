@@ -331,6 +331,8 @@ def pairing_problem(draft: GGUFInfo, target: GGUFInfo) -> str | None:
     vocabularies always pass; otherwise llama.cpp's rule applies: same tokenizer type and special
     tokens, sizes within 128, and equal token texts (same_token_texts, read from the files).
     """
+    if target.narrowed_from is not None:  # its logits cover some tokens only (engine.load)
+        return f"{target.path.name} is a narrowed draft: it can only draft"
     if draft.narrowed_from is not None:  # it speaks its full draft's vocabulary
         draft = source_of(draft)
     if draft.vocab_digest == target.vocab_digest and draft.bos == target.bos:

@@ -250,6 +250,9 @@ def test_a_narrowed_draft_cannot_be_a_target(capsys, narrowed, smol_q4_0):
     """Its logits cover 8,192 tokens: as a target it wrote nonsense, or nothing, with exit 0."""
     code, _, err = cli(capsys, "run", "-m", str(narrowed), "--mode", "target", "Hi")
     one_line_error(code, err, narrowed.name, "narrowed draft", smol_q4_0.name)
+    # inspect says so too, not that the vocabularies' sizes differ
+    code, out, _ = cli(capsys, "inspect", str(smol_q4_0), str(narrowed))
+    assert f"{narrowed.name} is a narrowed draft: it can only draft" in out
 
 
 def test_the_narrow_command_writes_a_copy_next_to_the_draft(capsys, tmp_path, smol_q4_0):
