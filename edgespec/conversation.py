@@ -113,14 +113,24 @@ class Conversation:
         prompt began with) for which the prompt and `room` fit the context, and where it begins.
         Older turns stay out: bringing one back would change the prompt's start, and the caches
         hold the last one's."""
-        start = min(self.in_context, len(messages) - 1)
-        tokens = self.prompt_tokens(messages[start:])
-        while len(tokens) + room > self.engine.n_ctx and start < len(messages) - 1:
-            # A turn is a user message and the answer(s) after it.
-            start += 1
-            while start < len(messages) - 1 and messages[start].role != "user":
-                start += 1
-            tokens = self.prompt_tokens(messages[start:])
+        first = min(self.in_context, len(messages) - 1)
+        # Where a prompt may begin: where the last one did, or at a later turn (a user message
+        # and the answer after it). The fewer turns, the fewer tokens: the first start that
+        # fits is found by bisection, a few renderings where one a turn made a /load of 1,000
+        # turns into a 4-minute wait.
+        later = range(first + 1, len(messages))
+        starts = [first, *(i for i in later if messages[i].role == "user")]
+        lo, hi = 0, len(starts) - 1
+        tokens_at: dict[int, list[int]] = {}
+        while lo < hi:
+            mid = (lo + hi) // 2
+            tokens_at[mid] = self.prompt_tokens(messages[starts[mid] :])
+            if len(tokens_at[mid]) + room <= self.engine.n_ctx:
+                hi = mid
+            else:
+                lo = mid + 1
+        start = starts[lo]
+        tokens = tokens_at.get(lo) or self.prompt_tokens(messages[start:])
         if len(tokens) >= self.engine.n_ctx:
             raise ContextOverflowError(
                 f"the message needs {len(tokens)} tokens but the context holds "

@@ -252,6 +252,26 @@ def test_overflow_leaves_the_oldest_turns_out_of_the_prompt_but_in_the_history(
     assert answer(conversation, "Again", max_tokens=8) and conversation.in_context >= 2
 
 
+def test_a_long_loaded_history_is_fitted_in_few_renderings_to_the_turns_that_fit(
+    small_engine, monkeypatch
+):
+    """One rendering a turn left out made a /load of 1,000 turns a 4-minute wait."""
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(1000, words=2)  # in_context 0, as after /load
+    rendered = []
+    render = conversation.prompt_tokens
+    monkeypatch.setattr(conversation, "prompt_tokens", lambda m: rendered.append(m) or render(m))
+    reply = conversation.ask("Hi", mode="target", max_tokens=8)
+    assert len(rendered) <= 12  # log2(1,001 possible starts), and one more
+    kept = conversation.messages[conversation.in_context :]
+    # The most turns that fit: one more would not.
+    assert len(render(kept)) + 8 <= small_engine.n_ctx
+    assert (
+        len(render(conversation.messages[conversation.in_context - 2 :])) + 8 > small_engine.n_ctx
+    )
+    assert reply.dropped == conversation.in_context // 2 and kept[0].role == "user"
+
+
 def test_a_max_tokens_beyond_the_context_keeps_the_history_in_the_prompt(small_engine):
     """Room for the answer is reserved up to half the context: `-n 3000` with a context of 256
     left out every earlier turn at every question (a chat that forgot the user's name)."""
