@@ -20,12 +20,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .chat import messages_for, render
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .text import valid_text
 
 if TYPE_CHECKING:
     from .engine import Engine, Stream
+    from .gguf_info import GGUFInfo
     from .stats import Stats
 
 ROLES = ("user", "assistant")
@@ -70,15 +72,28 @@ class Reply:
             self.conversation._answered(self.stream, interrupted)
 
 
+def chat_template(given: str | None, target: GGUFInfo) -> str:
+    """The template a chat with `target` uses: `given` (--chat-template), else the GGUF's."""
+    template = given or target.chat_template
+    if template is None:
+        raise EdgespecError(
+            f"{target.path.name} has no chat template; give one with --chat-template"
+        )
+    return template
+
+
+def check_chat_template(given: str | None, target: GGUFInfo, system: str | None) -> None:
+    """Fail now, before any model is loaded, where a chat could not render a first question:
+    no template, or one that fails (rendered as Conversation will, but without the model's
+    BOS and EOS texts, which only the loaded model knows)."""
+    render(chat_template(given, target), messages_for("Hello", system))
+
+
 class Conversation:
     def __init__(self, engine: Engine, system: str | None = None, template: str | None = None):
         self.engine = engine
         self.system = valid_text(system) if system is not None else None
-        self.template = template or engine.target.info.chat_template
-        if self.template is None:
-            raise EdgespecError(
-                f"{engine.target.path.name} has no chat template; give one with --chat-template"
-            )
+        self.template = chat_template(template, engine.target.info)
         self.messages: list[Message] = []  # the whole conversation, as saved
         self.in_context = 0  # messages[in_context:] are those the last question's prompt held
         self.last_stats: Stats | None = None

@@ -48,6 +48,19 @@ def _requantized(tmp_path_factory, src: Path, type_name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_without_template(tmp_path_factory, smol_path) -> Path:
+    """A copy of SmolLM2 whose GGUF has no chat template."""
+    import subprocess
+    import sys
+
+    bare = tmp_path_factory.mktemp("bare") / "smollm2-135m-no-template.gguf"
+    remove = ["--force", "--remove-metadata", "tokenizer.chat_template"]
+    command = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", *remove]
+    subprocess.run([*command, str(smol_path), str(bare)], check=True, capture_output=True)
+    return bare
+
+
+@pytest.fixture(scope="session")
 def smol_q4_0(tmp_path_factory, smol_path) -> Path:
     return _requantized(tmp_path_factory, smol_path, "Q4_0")
 

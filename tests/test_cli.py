@@ -452,6 +452,22 @@ def test_a_pipeline_asked_for_in_a_mode_without_chains_fails_before_loading_anyt
     one_line_error(code, err, "--pipeline works in modes chain and auto, not tree")
 
 
+@pytest.mark.parametrize("given", [None, "{{ 1/0 }}"])
+def test_a_chat_without_a_usable_template_fails_before_loading_anything(
+    capsys, smol_without_template, tmp_path, monkeypatch, given
+):
+    """It failed after the models were loaded and a first use's profile measured."""
+    import edgespec
+
+    monkeypatch.setattr(edgespec, "load", pytest.fail)
+    args = ["-m", str(smol_without_template)]
+    if given is not None:
+        (tmp_path / "template.jinja").write_text(given)
+        args += ["--chat-template", str(tmp_path / "template.jinja")]
+    code, _, err = cli(capsys, "chat", *args)
+    one_line_error(code, err, "has no chat template" if given is None else "ZeroDivisionError")
+
+
 def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "-c", "64", "word " * 200)
     one_line_error(code, err, "prompt has", "the context holds 64")
@@ -721,15 +737,12 @@ def test_a_bad_value_from_config_toml_names_the_file_and_line(
 
 
 def test_a_system_message_from_the_environment_is_left_out_for_a_model_without_a_template(
-    capsys, smol_path, tmp_path, monkeypatch
+    capsys, smol_without_template, monkeypatch
 ):
     """As with --raw: config.toml's or EDGESPEC_SYSTEM's message is for models that have a chat
     template. A model without one failed every prompt, without saying where the message came
     from; typed as --system, it is still an error."""
-    bare = tmp_path / "no-template.gguf"
-    remove = ["--force", "--remove-metadata", "tokenizer.chat_template"]
-    command = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", *remove, str(smol_path)]
-    subprocess.run([*command, str(bare)], check=True, capture_output=True)
+    bare = smol_without_template
     monkeypatch.setenv("EDGESPEC_SYSTEM", "Be brief.")
     code, out, err = cli(capsys, "run", "-m", str(bare), "--mode", "target", "-n", "4", "Once")
     assert code == 0, err
