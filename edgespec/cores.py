@@ -154,22 +154,27 @@ def plan_placement(
     placement = default_placement(layout)
     if target_cpus is None and draft_cpus is None:
         return placement
-    target = parse_cpu_list(target_cpus, available) if target_cpus else placement.target_cpus
-    draft = parse_cpu_list(draft_cpus, available) if draft_cpus else placement.draft_cpus
+    target, draft = placement.target_cpus, placement.draft_cpus
+    if target_cpus:
+        target = parse_cpu_list(target_cpus, available, "--target-cpus")
+    if draft_cpus:
+        draft = parse_cpu_list(draft_cpus, available, "--draft-cpus")
     note = f"target on CPUs {format_cpu_list(target)}, draft on CPUs {format_cpu_list(draft)}"
     return Placement(target, draft, note + " (as asked)")
 
 
-def parse_cpu_list(text: str, available: set[int] | None = None) -> list[int]:
-    """A --target-cpus/--draft-cpus value like "0-3,6", checked against the usable CPUs."""
+def parse_cpu_list(text: str, available: set[int] | None = None, flag: str = "") -> list[int]:
+    """A --target-cpus/--draft-cpus value like "0-3,6", checked against the usable CPUs. An
+    error begins with `flag`, so that the CLI can say where a value it was not typed came from."""
+    said = f"{flag}: " if flag else ""
     try:
         cpus = _cpu_range_list(text)
     except ValueError:
-        raise BadSettingError(f"bad CPU list {text!r}: expected a form like 0-3,6") from None
+        raise BadSettingError(f"{said}bad CPU list {text!r}: expected a form like 0-3,6") from None
     available = available_cpus() if available is None else available
     if missing := [c for c in cpus if c not in available]:
         raise BadSettingError(
-            f"CPUs {format_cpu_list(missing)} are not available here "
+            f"{said}CPUs {format_cpu_list(missing)} are not available here "
             f"(usable: {format_cpu_list(sorted(available))})"
         )
     return cpus

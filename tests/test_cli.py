@@ -714,6 +714,8 @@ def test_fixed_threads_keeps_every_thread_where_the_governor_would_move_them(
             "--threads must be at least 1 (got 0) (set by env EDGESPEC_THREADS)",
         ),
         ("EDGESPEC_CTX_SIZE", "8", "(set by env EDGESPEC_CTX_SIZE)"),
+        ("EDGESPEC_TARGET_CPUS", "abc", "like 0-3,6 (set by env EDGESPEC_TARGET_CPUS)"),
+        ("EDGESPEC_DRAFT_CPUS", "9999", ") (set by env EDGESPEC_DRAFT_CPUS)"),
     ],
 )
 def test_a_bad_value_the_user_did_not_type_says_where_it_came_from(
