@@ -41,7 +41,7 @@ def profile(
         int | None, typer.Option(help="Draft threads [default: one per --draft-cpus CPU]")
     ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer batch sizes and rounds: a few seconds")
+        bool, typer.Option("--quick", help="Fewer batch sizes and rounds: seconds, not minutes")
     ] = False,
     overlap: Annotated[
         bool,

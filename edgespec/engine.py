@@ -449,8 +449,8 @@ class Engine:
         self.close()
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
-        """Measure and save a quick device profile (a few seconds) of each model that has none,
-        so that auto mode plans with this device's costs from its first round."""
+        """Measure and save a quick device profile (seconds, not minutes) of each model that has
+        none, so that auto mode plans with this device's costs from its first round."""
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
         measured_now = False
         if self.draft_ctx is not None:
@@ -461,8 +461,9 @@ class Engine:
             if measured is None:
                 say(
                     f"measuring how fast this device runs {ctx.model.path.name} (first use on "
-                    "this CPU, or a profile from an older edgespec; a few seconds; `edgespec "
-                    "profile` measures in full, and which attention is faster)"
+                    "this CPU, or a profile from an older edgespec; seconds, or a minute on a "
+                    "slow device; `edgespec profile` measures in full, and which attention is "
+                    "faster)"
                 )
                 measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 try:

@@ -2,7 +2,7 @@
 # Set up edgespec from this checkout on a Raspberry Pi with a 64-bit OS (Raspberry Pi OS or
 # Debian, arm64): system packages, a virtual environment, llama-cpp-python built for this CPU,
 # edgespec, a model pair and a quick profile of the device. Safe to run again: every step that is
-# already done is skipped.
+# already done is skipped (but the profile, measured again: the device may have changed).
 #
 # Usage: scripts/rpi-setup.sh [--dry-run] [--target NAME] [--draft NAME]
 #   --dry-run        print each step instead of running it; changes nothing (also: DRY_RUN=1)

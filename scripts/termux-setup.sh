@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up edgespec from this checkout in Termux on a 64-bit Android phone or tablet: Termux
 # packages, a virtual environment, llama-cpp-python built for this CPU, edgespec, a model pair and
-# a quick profile of the device. Safe to run again: every step that is already done is skipped.
+# a quick profile of the device. Safe to run again: every step that is already done is skipped
+# (but the profile, measured again: the device may have changed).
 # Get the checkout with: pkg install git && git clone <edgespec's repository> && cd edgespec
 #
 # Usage: scripts/termux-setup.sh [--dry-run] [--target NAME] [--draft NAME]
