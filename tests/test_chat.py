@@ -462,7 +462,12 @@ def test_ctrl_c_while_the_draft_catches_up_keeps_the_question_and_the_next_answe
     repl.answer("Hi")
     assert busy.wait(5)  # catching up while the person types
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    repl.answer("What is 2+2?")  # Ctrl+C while it waits for the draft
+    # As in a terminal (a test run started in the background ignores SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        repl.answer("What is 2+2?")  # Ctrl+C while it waits for the draft
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert conversation.messages[-2:] == [
         Message("user", "What is 2+2?"),
         Message("assistant", "", interrupted=True),

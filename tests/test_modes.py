@@ -517,7 +517,8 @@ def test_a_dear_pass_factor_no_pass_measures_again_is_not_kept_for_good(
     # No proposal at all, so no pass: only plain steps, whatever the text repeats.
     monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, k: Proposal([], 0, 0.0))
     result = engine.generate(PROMPTS[0], max_tokens=FACTOR_HALF_LIFE + 2, mode="auto")
-    assert result.stats.choices == {"plain": FACTOR_HALF_LIFE}  # after two steps that time one
+    # two steps that time one, then FACTOR_HALF_LIFE that draw the factor back
+    assert result.stats.choices == {"plain": FACTOR_HALF_LIFE + 2}
     assert engine._batch_factor == pytest.approx(3.0, rel=0.01)  # half-way back to 1
     assert load_batch_factor(*key, engine.profile) == engine._batch_factor
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import hear_ctrl_c
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SETUP_SCRIPTS = ("termux-setup.sh", "rpi-setup.sh")
 SETUP_COMMON = "setup-common.sh"  # the steps both share, sourced by each
@@ -320,6 +322,7 @@ def test_ask_interrupted_shows_the_answer_so_far_and_exits_130(fake, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=hear_ctrl_c,
     )
     deadline = time.monotonic() + 30
     while not (tmp_path / "generating").exists() and time.monotonic() < deadline:
