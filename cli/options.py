@@ -90,7 +90,12 @@ DraftCpus = Annotated[
 ]
 CtxSize = Annotated[
     int | None,
-    typer.Option("--ctx-size", "-c", help=f"Context size in tokens [default: {Settings.ctx_size}]"),
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        help="Context size in tokens, at most what the target was trained for "
+        f"[default: {Settings.ctx_size}]",
+    ),
 ]
 DraftMax = Annotated[
     int | None,

@@ -366,8 +366,8 @@ class Engine:
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
-        self._open_rounds: Generator[list[int], None, None] | None = None  # see _begin
-        self._open_run: _Run | None = None
+        # The last generation begun and its rounds, until another begins (see _begin).
+        self._open: tuple[_Run, Generator[list[int], None, None]] | None = None
         self._closed = False
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         # Its rows span the target's vocabulary, which verification compares them with: a pair's
@@ -432,8 +432,8 @@ class Engine:
         whenever the garbage collector gets to them. The engine cannot generate after it."""
         if self._closed:
             return
-        if self._open_rounds is not None:
-            self._open_rounds.close()  # a stream left open settles while the caches exist
+        if self._open is not None:
+            self._open[1].close()  # a stream left open settles while the caches exist
         self._closed = True
         for ctx in (self.draft_ctx, self.target_ctx):
             if ctx is not None:
@@ -632,11 +632,12 @@ class Engine:
         alive by a reference) is closed first: its end settles the caches, and settled later,
         after this one had used them, it set them back to its own text (the next prompt then
         reused cells that held another)."""
-        if self._open_rounds is not None and self._open_run is not None:
-            self._open_run.superseded = True
-            self._open_rounds.close()
-        self._open_rounds, self._open_run = self._rounds(run), run
-        return self._open_rounds
+        if self._open is not None:
+            open_run, open_rounds = self._open
+            open_run.superseded = True  # nothing, if it had ended already
+            open_rounds.close()
+        self._open = (run, self._rounds(run))
+        return self._open[1]
 
     def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
@@ -1597,11 +1598,8 @@ class Stream:
         finally:
             rounds.close()
             self.stats.n_generated = len(run.generated)
-            if not self._reason:
-                self._reason = "context" if ended else "interrupted"
-                if run.superseded:
-                    self._reason = "superseded"
-            self.stats.finish(self._reason)
+            cut = "superseded" if run.superseded else "context" if ended else "interrupted"
+            self.stats.finish(self._reason or cut)
             self.stats.threads_by_cpus = threads_by_cpus()
             engine = self.engine
             self.stats.thread_switches = engine.thread_switches() - self._switches_before
