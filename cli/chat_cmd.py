@@ -27,6 +27,7 @@ from . import options as opt
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
     from edgespec.conversation import Conversation
     from edgespec.engine import Engine
+    from edgespec.stats import Stats
 
 SETTABLE = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens", "mode", "draft_max")
 AUTO_SETTABLE = ("seed", "mode", "draft_max")  # `/set NAME auto` gives the choice back
@@ -34,6 +35,7 @@ MULTILINE = '"""'
 HELP = f"""\
 /set NAME VALUE   change a setting: {", ".join(SETTABLE)}
                   ({", ".join(AUTO_SETTABLE)}: auto gives the choice back)
+/set system TEXT  the system message from the next question on (none: no system message)
 /show             settings, models and context use
 /stats            the last answer's statistics as JSON
 /clear            forget the conversation
@@ -149,7 +151,7 @@ class Repl:
             if not text.strip():
                 continue
             try:
-                if text.startswith("/"):
+                if text.lstrip().startswith("/"):
                     self.settle()
                     if not self.command(text.strip()):
                         return
@@ -211,8 +213,8 @@ class Repl:
         sys.stdout.flush()
         stats = self.conversation.last_stats
         if stats is not None:
-            used = stats.n_prompt_tokens + stats.n_generated
-            summary = f"{stats.summary()}, context {used}/{self.conversation.engine.n_ctx}"
+            n_ctx = self.conversation.engine.n_ctx
+            summary = f"{stats.summary()}, context {context_used(stats, n_ctx)}/{n_ctx}"
             err.print(f"[dim]{summary}[/dim]", soft_wrap=True)
         self.catch_up_while_idle()
 
@@ -277,8 +279,14 @@ class Repl:
             self.conversation.save(need_file(arg, name))
             print(f"Saved {len(self.conversation.messages)} messages to {arg}.")
         elif name == "/load":
-            self.conversation.load(need_file(arg, name))
+            out_of_view = self.conversation.load(need_file(arg, name))
             print(f"Loaded {len(self.conversation.messages)} messages from {arg}.")
+            if out_of_view:
+                err.print(
+                    f"[dim]the oldest {out_of_view} turn(s) do not fit the context: the model "
+                    "does not see them (/save still keeps them)[/dim]",
+                    soft_wrap=True,
+                )
         else:
             raise BadSettingError(f"unknown command {name}; /? lists the commands")
         return True
@@ -286,6 +294,10 @@ class Repl:
     def set(self, arg: str) -> None:
         name, _, text = arg.partition(" ")
         name, text = name.replace("-", "_"), text.strip()
+        if name == "system" and text:
+            self.conversation.set_system(None if text == "none" else text)
+            print("Removed the system message." if text == "none" else "Set the system message.")
+            return
         if name not in SETTABLE or not text:
             raise BadSettingError(f"usage: /set NAME VALUE, NAME one of {', '.join(SETTABLE)}")
         value: object
@@ -321,8 +333,14 @@ class Repl:
         if stats is None:
             raise BadSettingError("no answer yet")
         out = stats.to_dict()
-        out["n_ctx_used"] = stats.n_prompt_tokens + stats.n_generated
+        out["n_ctx_used"] = context_used(stats, self.conversation.engine.n_ctx)
         print(json.dumps(out))
+
+
+def context_used(stats: Stats, n_ctx: int) -> int:
+    """The context's tokens in use after an answer. Its last token is decided, never evaluated:
+    at a full context, prompt + answer is one more than the context holds."""
+    return min(stats.n_prompt_tokens + stats.n_generated, n_ctx)
 
 
 def shown(name: str, value: object) -> str:

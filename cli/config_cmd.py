@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgespec.config import Settings, config_path, resolve
-from edgespec.errors import EdgespecError
+from edgespec.errors import BadSettingError, EdgespecError
 
 config_app = typer.Typer(
     help="Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults.",
@@ -30,14 +30,23 @@ def show(
         bool, typer.Option("--json", help="Print one JSON object: {setting: {value, source}}")
     ] = False,
 ) -> None:
-    """Show each setting, its value and its source (flags given to `run` override all of them)."""
+    """Show each setting, its value and its source (flags given to `run` override all of them);
+    a value `run` would refuse is then an error."""
     try:
         settings = resolve()
     except EdgespecError as e:
         _fail(str(e), e.exit_code)
     if as_json:
         typer.echo(json.dumps(_as_dict(settings), ensure_ascii=False))
-        return
+    else:
+        _print_table(settings)
+    try:
+        _check(settings)
+    except BadSettingError as e:
+        _fail(str(e), e.exit_code)
+
+
+def _print_table(settings: Settings) -> None:
     path = config_path()
     table = Table("setting", "value", "source")
     table.caption = f"config file: {path}" + ("" if path.exists() else " (none yet)")
@@ -52,6 +61,21 @@ def show(
 def path() -> None:
     """Print where config.toml is read from (it need not exist)."""
     typer.echo(str(config_path()))
+
+
+def _check(settings: Settings) -> None:
+    """What `run` checks of these values before loading a model (not the models' files)."""
+    from edgespec.cores import plan_placement
+    from edgespec.engine import GenerationConfig, check_threads
+
+    from .app import draft_named_or_default, generation_options, sources_named
+
+    with sources_named(settings):
+        GenerationConfig(**generation_options(settings)).validate(
+            has_draft=draft_named_or_default(settings)
+        )
+        check_threads(settings.threads, settings.draft_threads)
+        plan_placement(settings.target_cpus, settings.draft_cpus)
 
 
 def _as_dict(settings: Settings) -> dict[str, dict[str, object]]:

@@ -116,19 +116,25 @@ class Conversation:
         max_tokens = gen_options.get("max_tokens", GenerationConfig.max_tokens)
         assert isinstance(max_tokens, int)
         messages = [*self.messages, Message("user", text)]
-        tokens, start = self._fitted(messages, min(max_tokens, self.engine.n_ctx // 2))
+        room = min(max_tokens, self.engine.n_ctx // 2)
+        tokens, start = self._fitted(messages, room, self.in_context)
+        if len(tokens) >= self.engine.n_ctx:
+            raise ContextOverflowError(
+                f"the message needs {len(tokens)} tokens but the context holds "
+                f"{self.engine.n_ctx}; use a larger --ctx-size or a shorter message"
+            )
         stream = self.engine.stream(tokens, **gen_options)  # validates the options
         # Only now: a failed ask leaves the conversation as it was.
         turns_left_out = sum(m.role == "user" for m in messages[self.in_context : start])
         self.messages, self.in_context = messages, start
         return Reply(self, stream, turns_left_out)
 
-    def _fitted(self, messages: list[Message], room: int) -> tuple[list[int], int]:
-        """The prompt tokens of `messages` from the first turn on (at least the one the last
-        prompt began with) for which the prompt and `room` fit the context, and where it begins.
-        Older turns stay out: bringing one back would change the prompt's start, and the caches
-        hold the last one's."""
-        first = min(self.in_context, len(messages) - 1)
+    def _fitted(self, messages: list[Message], room: int, first: int) -> tuple[list[int], int]:
+        """The prompt tokens of `messages` from the first turn on (at least `first`, where the
+        last prompt began) for which the prompt and `room` fit the context, and where it begins;
+        the last turn's when none fits. Older turns stay out: bringing one back would change the
+        prompt's start, and the caches hold the last one's."""
+        first = min(first, len(messages) - 1)
         # Where a prompt may begin: where the last one did, or at a later turn (a user message
         # and the answer after it). The fewer turns, the fewer tokens: the first start that
         # fits is found by bisection, a few renderings where one a turn made a /load of 1,000
@@ -145,13 +151,7 @@ class Conversation:
             else:
                 lo = mid + 1
         start = starts[lo]
-        tokens = tokens_at.get(lo) or self.prompt_tokens(messages[start:])
-        if len(tokens) >= self.engine.n_ctx:
-            raise ContextOverflowError(
-                f"the message needs {len(tokens)} tokens but the context holds "
-                f"{self.engine.n_ctx}; use a larger --ctx-size or a shorter message"
-            )
-        return tokens, start
+        return tokens_at.get(lo) or self.prompt_tokens(messages[start:]), start
 
     def _answered(self, stream: Stream, interrupted: bool) -> None:
         self.messages.append(Message("assistant", stream.text, interrupted))
@@ -207,8 +207,23 @@ class Conversation:
         except OSError as e:
             raise EdgespecError(f"cannot save {path}: {e.strerror or e}") from None
 
-    def load(self, path: str | Path) -> None:
-        """Replace the conversation (system message included) with the one saved in `path`."""
+    def set_system(self, system: str | None) -> None:
+        """Change the system message (None: none) for the questions from now on; one the chat
+        template cannot render is refused, the conversation left as it was."""
+        system = valid_text(system) if system is not None else None
+        kept = self.system
+        self.system = system
+        try:
+            self.prompt_tokens([*self.messages[self.in_context :], Message("user", "Hello")])
+        except BaseException:
+            self.system = kept
+            raise
+
+    def load(self, path: str | Path) -> int:
+        """Replace the conversation (system message included) with the one saved in `path`, and
+        return how many of its oldest turns the context cannot hold (the model will not see
+        them; the conversation keeps them). A conversation the chat template cannot render is
+        refused, the current one left as it was."""
         path = Path(path).expanduser()
         try:
             data = json.loads(path.read_text("utf-8"))
@@ -216,9 +231,20 @@ class Conversation:
             raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
-        self.system, self.messages = _parsed(data, path)
-        self.in_context = 0
+        system, messages = _parsed(data, path)
+        kept = self.system
+        self.system = system
+        try:
+            # Rendered now, with a question after it, not at the next question: a template
+            # that rejects it (a system message, say) fails here, and /show counts what the
+            # context can hold.
+            start = self._fitted([*messages, Message("user", "Hello")], 0, 0)[1]
+        except BaseException:
+            self.system = kept
+            raise
+        self.messages, self.in_context = messages, start
         self.last_stats = None
+        return sum(m.role == "user" for m in messages[:start])
 
 
 def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:

@@ -189,6 +189,25 @@ def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     assert [m["content"] for m in saved(saved_to)][::2] == ["Hi", "What is 2+2?"]
 
 
+def test_set_system_and_commands_typed_after_spaces(smol_path, tmp_path):
+    """`   /show` was sent to the model as a message."""
+    done = piped_chat(smol_path, tmp_path, "/set system Be brief.\n   /show\n/set system none\n")
+    assert done.returncode == 0, done.stderr
+    assert "Set the system message." in done.stdout and "system: Be brief." in done.stdout
+    assert "Removed the system message." in done.stdout
+    assert not re.search(STATS_LINE, done.stderr)  # nothing was asked
+
+
+def test_a_full_context_is_not_reported_as_one_token_over(smol_path, tmp_path):
+    """An answer that fills the context said "context 257/256": its last token is never
+    evaluated, so prompt + answer is one more than the context holds."""
+    done = piped_chat(
+        smol_path, tmp_path, "Count from 1 to 500, separated by commas.\n", "-c", "64", "-n", "500"
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"context 64/64\b", done.stderr), done.stderr
+
+
 def test_a_chat_started_in_target_mode_with_a_draft_can_switch_to_drafting(smol_path, tmp_path):
     done = piped_chat(smol_path, tmp_path, "/set mode chain\nHi\n", "--draft", str(smol_path))
     assert done.returncode == 0, done.stderr
@@ -270,6 +289,56 @@ def test_a_long_loaded_history_is_fitted_in_few_renderings_to_the_turns_that_fit
         len(render(conversation.messages[conversation.in_context - 2 :])) + 8 > small_engine.n_ctx
     )
     assert reply.dropped == conversation.in_context // 2 and kept[0].role == "user"
+
+
+def test_loading_more_than_the_context_holds_says_how_many_turns_the_model_will_not_see(
+    small_engine, tmp_path
+):
+    """/show after such a /load counted every loaded message ("36136/256 tokens")."""
+    saved_to = tmp_path / "long.json"
+    long = Conversation(small_engine)
+    long.messages = turns(100, words=2)
+    long.save(saved_to)
+    conversation = Conversation(small_engine)
+    out_of_view = conversation.load(saved_to)
+    assert len(conversation.messages) == 200  # all kept
+    assert out_of_view == conversation.in_context // 2 > 0
+    assert 0 < conversation.context_used() <= small_engine.n_ctx
+    # The next question drops only what it needs room for beyond that.
+    reply = conversation.ask("Hi", mode="target", max_tokens=8)
+    assert "".join(reply) and reply.dropped < out_of_view
+
+
+SYSTEMLESS = (  # as Gemma's: a system message is refused
+    "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+    "{% endif %}{{ m.content }}\n{% endfor %}"
+)
+
+
+def test_a_system_message_the_template_refuses_fails_at_load_and_at_set(small_engine, tmp_path):
+    """Loaded, it made every question fail, and nothing but another /load removed it."""
+    conversation = Conversation(small_engine, template=SYSTEMLESS)
+    answer(conversation, "Hi", max_tokens=4)
+    before = list(conversation.messages)
+    saved_to = tmp_path / "with-system.json"
+    saved_to.write_text(json.dumps({"system": "Be brief.", "messages": []}))
+    with pytest.raises(EdgespecError, match="no system role"):
+        conversation.load(saved_to)
+    with pytest.raises(EdgespecError, match="no system role"):
+        conversation.set_system("Be brief.")
+    assert conversation.system is None and conversation.messages == before
+    assert answer(conversation, "Again", max_tokens=4)  # the chat goes on
+
+
+def test_the_system_message_can_be_changed_and_removed(small_engine):
+    conversation = Conversation(small_engine, system="Be brief.")
+    conversation.set_system("Answer in French.")
+    assert (
+        conversation.prompt_tokens()
+        == Conversation(small_engine, system="Answer in French.").prompt_tokens()
+    )
+    conversation.set_system(None)
+    assert conversation.prompt_tokens() == Conversation(small_engine).prompt_tokens()
 
 
 def test_a_max_tokens_beyond_the_context_keeps_the_history_in_the_prompt(small_engine):

@@ -449,6 +449,18 @@ def test_profile_with_a_draft_reports_its_cost_in_target_steps(home, runner_app,
     assert "T(k)/T(1)" in result.stdout and "c_d =" in result.stdout
 
 
+def test_a_draft_that_is_the_target_with_its_threads_and_cpus_is_measured_once(
+    home, runner_app, smol_path
+):
+    """It was measured twice, the second curve saved over the first under the same key."""
+    args = ["profile", "-m", str(smol_path), "--draft", str(smol_path), "-t", "2"]
+    result = CliRunner().invoke(runner_app, [*args, "--draft-threads", "2", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["draft"] == report["target"] and report["draft_cost"] == 1.0
+    assert len(report["saved"]) == 1
+
+
 def test_with_no_model_named_profile_measures_the_draft_run_would_use(
     home, runner_app, smol_path, tmp_path, monkeypatch
 ):
