@@ -51,8 +51,8 @@ Seed = Annotated[
     int | None,
     typer.Option(
         help="Random seed for sampling: the same text again in --mode target, ngram with "
-        "--draft-max, chain with --draft-max and --no-ngram, tree with --no-ngram (elsewhere "
-        "drafting adapts to speed)"
+        "--draft-max, chain with --draft-max, --no-ngram and --no-pipeline, tree with --no-ngram "
+        "(elsewhere drafting adapts to speed)"
     ),
 ]
 Threads = Annotated[

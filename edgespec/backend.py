@@ -72,20 +72,25 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
 
 @contextmanager
 def _interrupt_after() -> Iterator[None]:
-    """Ctrl+C held until a long native call returns, then raised. llama.cpp calls back into
-    Python (its log) while it loads or quantizes, and a KeyboardInterrupt raised inside a ctypes
-    callback is printed as a traceback and dropped: the load went on, and the run with it."""
+    """Ctrl+C (and SIGTERM, where the CLI takes it as one) held until a long native call
+    returns, then handled. llama.cpp calls back into Python (its log) while it loads or
+    quantizes, and a KeyboardInterrupt raised inside a ctypes callback is printed as a
+    traceback and dropped: the load went on, and the run with it (exit 0 after a SIGTERM)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only
         return
-    pressed = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    pressed: list[int] = []
+    # Only signals Python handles: one ignored or left to the system stays so.
+    held = {s: h for s in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(s))}
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: pressed.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
     if pressed:
-        raise KeyboardInterrupt
+        held[pressed[0]](pressed[0], None)
 
 
 _backend_ready = False
@@ -215,7 +220,12 @@ class Model:
         cached = self._piece_cache.get(token)
         if cached is None:
             n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
-            cached = self._piece_buf.raw[: max(n, 0)]
+            if n < 0:  # a longer piece (Qwen's longest is 256 bytes): -n is its length
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+                cached = buf.raw[: max(n, 0)]
+            else:
+                cached = self._piece_buf.raw[:n]
             self._piece_cache[token] = cached
         return cached
 
@@ -359,7 +369,8 @@ class Context:
             for lo in range(0, cut, self.n_batch):
                 self.decode(tokens[lo : lo + self.n_batch], start_pos + lo, logits="none")
             return self.decode(tokens[cut:], start_pos + cut, logits=logits)
-        last_pos = (positions[-1] if positions is not None else start_pos + n - 1) if n else 0
+        # In a tree's batch the last row need not be the deepest.
+        last_pos = (max(positions) if positions is not None else start_pos + n - 1) if n else 0
         if last_pos >= self.n_ctx:
             raise ContextOverflowError(f"position {last_pos} is beyond the context ({self.n_ctx})")
         batch = self._batch

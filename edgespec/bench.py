@@ -1,6 +1,6 @@
 """Benchmark: every decoding mode against plain decoding, on the same prompts, in one run.
 
-Speculation can be slower than plain decoding on a CPU (edge-physics.md), so the only honest
+Speculation can be slower than plain decoding on a CPU (docs/speed.md), so the only honest
 figure is a ratio to plain decoding measured in the same run on the same machine. Every mode runs
 the same target file with the same threads, context size and prompt tokens, greedily (or all
 sampling at one temperature), and is timed over the decode phase only (see `Measurement`).
@@ -49,7 +49,7 @@ else:
 BASELINE = "target"  # edgespec's plain decoding: every ratio is to this mode
 LLAMA_MODES = ("llama", "llama-lookup")
 # Draft length of "llama-lookup". The library's default is 10, but a pass over 11 tokens costs
-# about 5.4 plain steps on the reference CPU (edge-physics.md); 4 is within the 4-8 that
+# about 5.4 plain steps on the reference CPU (docs/speed.md); 4 is within the 4-8 that
 # llama.cpp's own lookup was run with there, and the setting of the 0.50x figure it reports for
 # this baseline.
 LOOKUP_TOKENS = 4

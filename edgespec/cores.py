@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from edgespec.errors import BadSettingError
+from edgespec.errors import BadSettingError, EdgespecError
 
 R = TypeVar("R")
 
@@ -213,20 +213,36 @@ class PinnedThread:
 
     def __init__(self, cpus: list[int], name: str):
         self.cpus = cpus
+        self.name = name
         self.native_id: int | None = None
+        self._pin_error: OSError | None = None
         self._executor = futures.ThreadPoolExecutor(
             1, thread_name_prefix=f"edgespec-{name}", initializer=self._pin
         )
 
     def _pin(self) -> None:
         self.native_id = threading.get_native_id()
-        pin_current_thread(self.cpus)
+        try:
+            pin_current_thread(self.cpus)
+        except OSError as e:  # raised from an initializer, it broke the pool: a traceback later
+            self._pin_error = e
+
+    def _run(self, fn: Callable[..., R], *args: object) -> R:
+        """`fn(*args)` on the pinned thread; an error once the CPUs could not be had. They are
+        checked when the run starts, but a phone may take cores offline afterwards."""
+        if self._pin_error is not None:
+            raise EdgespecError(
+                f"cannot run the {self.name} on CPUs {format_cpu_list(self.cpus)}: "
+                f"{self._pin_error.strerror or self._pin_error} (taken offline or out of this "
+                "process's reach since the start?)"
+            )
+        return fn(*args)
 
     def call(self, fn: Callable[..., R], *args: object) -> R:
         if threading.get_native_id() == self.native_id:  # already here (inside a submitted call)
             return fn(*args)
         try:
-            return self._executor.submit(fn, *args).result()
+            return self._executor.submit(self._run, fn, *args).result()
         except KeyboardInterrupt:
             # Ctrl+C reaches only the main thread, even while it is still handing the call over
             # (inside `submit`); the call runs on. Wait until it is done, so that nothing (such
@@ -246,7 +262,7 @@ class PinnedThread:
 
     def submit(self, fn: Callable[..., R], *args: object) -> futures.Future[R]:
         """Start a call and return at once (the caller waits on the future)."""
-        return self._executor.submit(fn, *args)
+        return self._executor.submit(self._run, fn, *args)
 
     def close(self) -> None:
         """Stop the thread once the calls handed to it are done (from inside one of them, such

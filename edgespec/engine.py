@@ -21,7 +21,14 @@ import numpy as np
 
 from . import chat
 from .backend import Context, Model
-from .cores import Placement, format_cpu_list, pinned_thread, plan_placement, threads_by_cpus
+from .cores import (
+    Placement,
+    format_cpu_list,
+    needs_pinning,
+    pinned_thread,
+    plan_placement,
+    threads_by_cpus,
+)
 from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
 from .gguf_info import GGUFInfo, check_pair, read_gguf
@@ -324,6 +331,7 @@ class Engine:
         check_ctx_size(n_ctx, target.n_ctx_train, target.path)
         self.placement = placement or plan_placement()
         check_threads(threads, draft_threads)
+        check_pipeline(pipeline, draft is not None, self.placement)
         threads = threads or len(self.placement.target_cpus)
         draft_threads = draft_threads or len(self.placement.draft_cpus)
         self.threads, self.draft_threads = threads, draft_threads
@@ -403,20 +411,7 @@ class Engine:
         # LLMCad's pipeline needs each model on CPUs of its own, decoding on its own pinned
         # thread (cores.py); `edgespec profile --overlap` measures whether it pays.
         target_cpus, draft_cpus = self.placement.target_cpus, self.placement.draft_cpus
-        self.can_pipeline = (
-            self.draft_ctx is not None
-            and self.target_ctx.pinned is not None
-            and self.draft_ctx.pinned is not None
-            and not set(target_cpus) & set(draft_cpus)
-        )
-        if pipeline and self.draft_ctx is None:
-            raise BadSettingError("--pipeline needs a draft model, in mode chain or auto")
-        if pipeline and not self.can_pipeline:
-            raise BadSettingError(
-                "--pipeline needs the target and the draft on CPUs of their own (say "
-                "--target-cpus 0-2 --draft-cpus 3); here the target runs on CPUs "
-                f"{format_cpu_list(target_cpus)} and the draft on {format_cpu_list(draft_cpus)}"
-            )
+        self.can_pipeline = draft is not None and can_pipeline(self.placement)
         self.pipeline = pipeline
         self.pipeline_speedup = (
             load_pipeline_speedup(
@@ -465,12 +460,14 @@ class Engine:
                     "slow device; `edgespec profile` measures in full, and which attention is "
                     "faster)"
                 )
-                measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
+                try:
+                    measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
+                finally:  # the measurement cleared this context, even one cut short
+                    self.forget_caches()
                 try:
                     save_profile(measured)
                 except OSError as e:  # a read-only or full home: this run still uses it
                     say(f"(not kept for the next run: {e.strerror or e}: {e.filename})")
-                self.forget_caches()  # the measurement cleared this context
                 measured_now = True
             if role == "target":
                 if measured_now:  # passes timed before are older than this curve
@@ -525,8 +522,10 @@ class Engine:
         """Time a step of each model now, in alternation (a change of load hits both alike), and
         remember their ratio for auto mode: a draft step in target steps."""
         assert self.draft_ctx is not None and self._arms_key is not None
-        target_s, draft_s = alternating_steps([self.target_ctx, self.draft_ctx], repeats=4)
-        self.forget_caches()  # the timing cleared both contexts
+        try:
+            target_s, draft_s = alternating_steps([self.target_ctx, self.draft_ctx], repeats=4)
+        finally:  # the timing cleared both contexts, even one cut short
+            self.forget_caches()
         cost = draft_s / target_s
         self._memory = replace(self._memory, draft_cost=cost)
         save_auto_memory(*self._arms_key, self._memory)
@@ -1655,6 +1654,26 @@ def check_threads(threads: int | None, draft_threads: int | None) -> None:
             raise BadSettingError(f"{flag} must be at most {MAX_THREADS} (got {value})")
 
 
+def can_pipeline(placement: Placement) -> bool:
+    """Whether chains can be pipelined with this placement: each model decodes on a pinned
+    thread of its own (cores.py), on CPUs of its own."""
+    target, draft = placement.target_cpus, placement.draft_cpus
+    return needs_pinning(target) and needs_pinning(draft) and not set(target) & set(draft)
+
+
+def check_pipeline(pipeline: bool | None, has_draft: bool, placement: Placement) -> None:
+    """--pipeline where it cannot run is a mistake, said before any model is loaded."""
+    if pipeline and not has_draft:
+        raise BadSettingError("--pipeline needs a draft model, in mode chain or auto")
+    if pipeline and not can_pipeline(placement):
+        raise BadSettingError(
+            "--pipeline needs the target and the draft on CPUs of their own (say "
+            "--target-cpus 0-2 --draft-cpus 3); here the target runs on CPUs "
+            f"{format_cpu_list(placement.target_cpus)} and the draft on "
+            f"{format_cpu_list(placement.draft_cpus)}"
+        )
+
+
 def default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -1686,6 +1705,7 @@ def load(
     set_verbose(verbose)
     check_threads(threads, draft_threads)  # bad values fail before any loading
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
+    check_pipeline(pipeline, draft is not None, placement)
     target_info = read_gguf(target)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
     if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target

@@ -1,6 +1,6 @@
 """Cost-aware choice of what to do each round (mode "auto"): plain step, n-gram draft, model draft.
 
-On a CPU a verification pass of k tokens costs about T(k) ≈ 0.5·k single steps (edge-physics.md),
+On a CPU a verification pass of k tokens costs about T(k) ≈ 0.5·k single steps (docs/speed.md),
 so a proposal pays only if the tokens it is expected to yield outweigh its drafting and
 verification time. Everything here is in seconds measured on this device while generating, with
 the device profile's curve T(k)/T(1) giving the shape of the verification cost. No llama.cpp,

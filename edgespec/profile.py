@@ -1,6 +1,6 @@
 """The device's cost curve: how long one target pass over k tokens takes, T(k), relative to T(1).
 
-On a CPU a verification pass is far from free (edge-physics.md): each extra token costs about half
+On a CPU a verification pass is far from free (docs/speed.md): each extra token costs about half
 a decode step, and the curve has sweet spots where the kernels' row blocks fill up. How many tokens
 to draft and verify must be chosen from this device's own curve, so it is measured here, stored
 under `home()/profiles/`, and found again by model file, thread count and CPU set.
@@ -12,6 +12,7 @@ import json
 import random
 import re
 import statistics
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -71,7 +72,7 @@ ATTENTION_REPEATS = 6
 # llama.cpp's own choice (flash attention, on a CPU) stays unless the other is this much faster.
 ATTENTION_MARGIN = 0.05
 
-# T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (edge-physics.md): a steep curve, so a
+# T(k)/T(1) of Qwen2.5-Coder-1.5B Q4_K_M on a 2-vCPU Zen 5 (docs/speed.md): a steep curve, so a
 # policy planned on it drafts cautiously until the device's own curve is measured.
 DEFAULT_RELATIVE: dict[int, float] = {
     1: 1.00, 2: 1.64, 3: 2.20, 4: 2.63, 5: 3.32, 6: 3.94, 8: 4.56,
@@ -152,6 +153,7 @@ def measure_times(
     prefix, batch = ids[:context_tokens], ids[context_tokens:]
 
     def timed_pass(k: int) -> float:
+        stop_if_asked()
         start = time.perf_counter()
         ctx.decode(batch[:k], context_tokens, logits="all")
         elapsed = time.perf_counter() - start
@@ -564,6 +566,7 @@ def measure_attention(
     try:
 
         def step_and_pass(ctx: Context) -> float:
+            stop_if_asked()
             start = time.perf_counter()
             for k in (1, ATTENTION_K):
                 ctx.decode(batch[:k], ATTENTION_CONTEXT, logits="all")
@@ -655,6 +658,23 @@ def profile_model(
         return measure()
     runner = PinnedThread(pinned, "profile")
     try:
-        return runner.call(measure)
+        measuring = runner.submit(measure)
+        try:
+            return measuring.result()
+        except KeyboardInterrupt:
+            # Ctrl+C reaches the main thread only: the measuring, on its own thread, is asked
+            # to stop at its next pass (it ran on for minutes), and waited for.
+            _stop_measuring.set()
+            runner.wait_idle()
+            raise
     finally:
+        _stop_measuring.clear()
         runner.close()
+
+
+_stop_measuring = threading.Event()  # set by profile_model on Ctrl+C
+
+
+def stop_if_asked() -> None:
+    if _stop_measuring.is_set():
+        raise KeyboardInterrupt

@@ -4,7 +4,7 @@ Every function here runs once per drafted or generated token on rows of up to 15
 (Qwen's vocabulary), so each is a few vectorised passes over the row: no Python loop over the
 vocabulary and no full sort of it (np.sort of 152k floats costs ~4 ms, np.argpartition ~1 ms).
 
-Verification follows the papers summarised in shared/notes/algorithms.md: speculative sampling
+Verification follows the papers: speculative sampling
 (Leviathan et al. 2022, Chen et al. 2023) for a chain and SpecInfer's multi-step speculative
 sampling for the children of a tree node. Both emit tokens distributed exactly as the target's.
 """

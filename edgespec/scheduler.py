@@ -42,9 +42,10 @@ class PacerScheduler:
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    alpha0: float = 0.01  # LLMCad's initial confidence threshold
-    max_nodes: int = 32  # tree size budget, root included: bounds the verification batch
-    max_depth: int = 12
+    """The tree's budget; the confidence threshold α is the round's (it moves: verify_cause)."""
+
+    max_nodes: int = 16  # tree size budget, root included: bounds the verification batch
+    max_depth: int = 8
 
 
 def verify_cause(tree: TokenTree, alpha: float, cfg: TriggerConfig) -> str | None:

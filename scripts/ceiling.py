@@ -13,8 +13,8 @@ prices it), each drafted token at the draft's step in target steps (timed here, 
 
 A ceiling, not a forecast: the oracle knows how many tokens will be accepted, the draft never
 catches up on text it did not draft, and nothing is timed but the draft's cost. The issue's goals
-were set against such an oracle on another CPU (shared/notes/ceilings.md); this says what they
-can be on this one.
+were set against such an oracle on another CPU (in the notes the project began from); this says
+what they can be on this one.
 """
 
 from __future__ import annotations

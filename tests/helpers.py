@@ -78,6 +78,30 @@ def write_tiny_gguf(path, n_vocab: int, token_prefix: str = "tok"):
     return path
 
 
+def write_vocab_copy(source: Path, path: Path, tokens: dict[int, str]) -> Path:
+    """A copy of `source`'s metadata (no tensors: loadable with vocab_only) with some tokens'
+    texts replaced."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(path), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        value = field.contents()
+        if name == "tokenizer.ggml.tokens":
+            value = [tokens.get(i, text) for i, text in enumerate(value)]
+        kind = field.types[0]
+        writer.add_key_value(
+            name, value, kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def hear_ctrl_c() -> None:
     """In a child about to exec: let SIGINT through again. A test run started in the background
     by a non-interactive shell ignores SIGINT, and exec keeps that for every child; a user's

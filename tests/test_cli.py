@@ -490,26 +490,31 @@ def test_a_mode_that_needs_a_draft_says_so_before_loading_anything(
     one_line_error(code, err, "--mode chain needs a draft model")
 
 
-def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(smol_path, monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_while_llama_cpp_loads_is_raised_once_the_load_returns(
+    smol_path, monkeypatch, signum
+):
     """llama.cpp calls back into Python (its log) while it loads: a Ctrl+C raised inside that
-    callback was printed as a traceback and dropped, and the run went on."""
+    callback was printed as a traceback and dropped, and the run went on (SIGTERM, which `run`
+    takes as Ctrl+C, until this session: `timeout 5 edgespec run` finished and exited 0)."""
     from edgespec.backend import Model, set_verbose
+    from edgespec.cli.app import sigterm_as_ctrl_c
 
     pressed = []
 
-    class CtrlCAtFirstLogLine(io.StringIO):
+    class SignalAtFirstLogLine(io.StringIO):
         def write(self, text: str) -> int:
             if not pressed:
                 pressed.append(text)
-                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside the callback
+                os.kill(os.getpid(), signum)  # the handler runs here, inside the callback
             return len(text)
 
-    monkeypatch.setattr(sys, "stderr", CtrlCAtFirstLogLine())
+    monkeypatch.setattr(sys, "stderr", SignalAtFirstLogLine())
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     set_verbose(True)  # llama.cpp's log goes to sys.stderr, from the loading call
     try:
         with pytest.raises(KeyboardInterrupt):
-            Model(smol_path)
+            sigterm_as_ctrl_c(Model)(smol_path)
     finally:
         set_verbose(False)
         signal.signal(signal.SIGINT, previous)

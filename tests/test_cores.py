@@ -22,7 +22,7 @@ from edgespec.cores import (
     thread_cpus,
     threads_by_cpus,
 )
-from edgespec.errors import BadSettingError
+from edgespec.errors import BadSettingError, EdgespecError
 
 
 def fake_sysfs(
@@ -279,5 +279,17 @@ def test_ctrl_c_while_the_call_is_still_being_handed_over_also_waits_for_it(monk
         with pytest.raises(KeyboardInterrupt):
             runner.call(slow_call_that_records_when_it_ends(ended))
         assert ended.is_set()
+    finally:
+        runner.close()
+
+
+def test_cpus_that_cannot_be_had_when_a_pinned_thread_starts_are_a_clear_error():
+    """A CPU taken offline after the start broke the thread's pool: a BrokenThreadPool
+    traceback at every later decode."""
+    runner = PinnedThread([4095], "target")  # no such CPU here: sched_setaffinity refuses it
+    try:
+        for _ in range(2):  # and it stays an error, not a broken pool
+            with pytest.raises(EdgespecError, match="cannot run the target on CPUs 4095: "):
+                runner.call(int)
     finally:
         runner.close()

@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from edgespec.backend import Context
+from edgespec.backend import Context, Model
 from edgespec.errors import BadSettingError, ContextOverflowError
 from edgespec.text import Detokenizer, StopMatcher
 
-from .helpers import assert_same_or_near_tie, fresh_logits
+from .helpers import assert_same_or_near_tie, fresh_logits, write_vocab_copy
 
 PROMPTS = [
     "Write a Python function that reverses a linked list.",
@@ -459,3 +459,21 @@ def test_catching_the_draft_up_leaves_it_holding_what_the_target_holds(q4_draft_
     assert max(draft_batches) <= len(follow_up) + 2  # only the new tokens were left to evaluate
     plain = engine.generate(second_prompt, max_tokens=20, mode="target")
     assert_same_or_near_tie(engine, second_prompt, plain.tokens, second.tokens)
+
+
+def test_a_token_longer_than_256_bytes_keeps_all_its_text(smol_path, tmp_path):
+    """Pieces were read into 256 bytes: a longer one came out empty, lost from the answer."""
+    copy = write_vocab_copy(smol_path, tmp_path / "long-token.gguf", {1000: "a" * 300})
+    model = Model(copy, vocab_only=True)
+    assert model.piece(1000) == b"a" * 300
+    assert model.piece(999) == Model(smol_path, vocab_only=True).piece(999)
+
+
+def test_a_batch_whose_deepest_row_is_beyond_the_context_is_refused_whatever_its_order(smol_path):
+    """A tree's batch need not end with its deepest row; only the last row was checked."""
+    ctx = Context(Model(smol_path), n_ctx=64, n_threads=1)
+    try:
+        with pytest.raises(ContextOverflowError, match="position 64 is beyond the context"):
+            ctx.decode([1, 2, 3], 0, positions=[10, 64, 11], seq_ids=[[0], [0], [0]])
+    finally:
+        ctx.close()

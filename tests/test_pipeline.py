@@ -222,7 +222,13 @@ def test_ctrl_c_during_a_pipelined_verification_leaves_the_engine_usable(pipelin
     assert_same_or_near_tie(plain_engine, tokens, plain.tokens, again.tokens)
 
 
-def test_pipelining_needs_each_model_on_cpus_of_its_own(smol_path, smol_q4_0):
+def test_pipelining_needs_each_model_on_cpus_of_its_own(smol_path, smol_q4_0, monkeypatch):
+    """Said before the models load (it took 19 s with the default pair)."""
+
+    def no_load(*args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("edgespec.engine._load_models", no_load)
     with pytest.raises(BadSettingError, match="CPUs of their own"):
         edgespec.load(smol_path, smol_q4_0, n_ctx=256, pipeline=True)
     with pytest.raises(BadSettingError, match="needs a draft"):

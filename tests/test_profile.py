@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +55,8 @@ from edgespec.profile import (
     save_batch_factor,
     save_profile,
 )
+
+from .helpers import hear_ctrl_c
 
 PREFIX = 64
 
@@ -609,6 +615,46 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     third.profile_if_missing(say=said.append)
     assert len(said) == 1 and smol_path.name in said[0] and "older edgespec" in said[0]
     assert json.loads(stored.read_text())["method"] == PROFILE_METHOD
+
+
+def test_a_first_use_profile_cut_short_leaves_the_engine_knowing_its_caches_are_empty(
+    home, smol_path, monkeypatch
+):
+    """The measurement clears the context; cut short, the engine still believed its cache held
+    the last prompt, and the next generation would have reused what was gone."""
+    import edgespec
+    from edgespec import engine as engine_module
+
+    engine = edgespec.load(smol_path, n_ctx=256)
+    plain = engine.generate("Hello there", max_tokens=8, mode="target").text
+
+    def cleared_then_ctrl_c(ctx, *args):
+        ctx.clear()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "quick_profile", cleared_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        engine.profile_if_missing()
+    result = engine.generate("Hello there", max_tokens=8, mode="target")
+    assert result.text == plain and result.stats.n_prompt_eval == result.stats.n_prompt_tokens
+
+
+def test_ctrl_c_stops_a_profile_measured_on_pinned_cpus_at_its_next_pass(home, smol_path):
+    """Measured on a thread of its own (pinned, as on a phone's big cores), a profile did not
+    hear Ctrl+C: it measured on for minutes, then saved."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "profile", "-m", str(smol_path),
+         "--target-cpus", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hear_ctrl_c,
+    )  # fmt: skip
+    time.sleep(6)  # loaded and measuring: a full profile of SmolLM2 takes a minute or more
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    # Within a pass or two (the old code measured on for minutes; a loaded machine is slow).
+    assert proc.returncode == 130 and time.monotonic() - started < 45, err
+    assert "Traceback" not in err and not list(profiles_dir().glob("*.json"))
 
 
 def test_a_first_use_profile_that_cannot_be_stored_is_used_all_the_same(

@@ -59,7 +59,7 @@ def test_schedulers_skip_closed_branches_and_give_up_when_none_is_open(scheduler
     assert scheduler.pick(tree) is None
 
 
-CFG = TriggerConfig(alpha0=0.01, max_nodes=8, max_depth=3)
+CFG = TriggerConfig(max_nodes=8, max_depth=3)
 
 
 def test_no_trigger_while_the_tree_is_confident_and_within_budget() -> None:
