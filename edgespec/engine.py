@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -194,6 +194,14 @@ class GenerationConfig:
                 raise BadSettingError(f"{flag} must be a number (got {value!r})")
         if not isinstance(self.stop, Sequence) or not all(isinstance(s, str) for s in self.stop):
             raise BadSettingError(f"--stop must be text or a sequence of texts (got {self.stop!r})")
+        # A string is true: ngram="no" turned the n-gram drafter on. (None: chosen per run.)
+        switches = {"ngram": self.ngram, "calibrated": self.calibrated}
+        switches.update(chat=self.chat or False, adaptive_alpha=self.adaptive_alpha or False)
+        for name, value in switches.items():
+            if not isinstance(value, bool):
+                raise BadSettingError(f"{name} must be True or False (got {value!r})")
+        if self.system is not None and not isinstance(self.system, str):
+            raise BadSettingError(f"--system must be text (got {self.system!r})")
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
             (all(self.stop), "--stop must not be empty (it would stop before any text)"),
@@ -234,6 +242,9 @@ class GenerationConfig:
         for ok, message in checks:
             if not ok:
                 raise BadSettingError(message)
+
+
+GENERATION_SETTINGS = frozenset(f.name for f in fields(GenerationConfig))
 
 
 @dataclass
@@ -374,8 +385,8 @@ class Engine:
         # The tokens each cache's sequence 0 holds, from position 0: reused by the next prompt.
         self._target_cache: list[int] = []
         self._draft_cache: list[int] = []
-        # The last generation begun and its rounds, until another begins (see _begin).
-        self._open: tuple[_Run, Generator[list[int], None, None]] | None = None
+        # The last stream begun and its rounds, until another begins (see _begin).
+        self._open: tuple[Stream, Generator[list[int], None, None]] | None = None
         self._closed = False
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         # Its rows span the target's vocabulary, which verification compares them with: a pair's
@@ -424,11 +435,12 @@ class Engine:
 
     def close(self) -> None:
         """Free both models and their contexts, and stop their pinned threads, now rather than
-        whenever the garbage collector gets to them. The engine cannot generate after it."""
+        whenever the garbage collector gets to them. The engine cannot generate after it, and a
+        stream left open ends ("superseded")."""
         if self._closed:
             return
         if self._open is not None:
-            self._open[1].close()  # a stream left open settles while the caches exist
+            self._end_open_stream()  # while the caches exist: its end settles them
         self._closed = True
         for ctx in (self.draft_ctx, self.target_ctx):
             if ctx is not None:
@@ -446,6 +458,7 @@ class Engine:
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (seconds, not minutes) of each model that has
         none, so that auto mode plans with this device's costs from its first round."""
+        self._check_open()
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
         measured_now = False
         if self.draft_ctx is not None:
@@ -546,6 +559,7 @@ class Engine:
     def prompt_tokens(
         self, prompt: str, *, chat_mode: bool | None = None, system: str | None = None
     ) -> list[int]:
+        self._check_open()
         if not prompt.strip():
             raise BadSettingError("the prompt is empty")
         template = self.target.info.chat_template
@@ -575,6 +589,7 @@ class Engine:
         self, template: str, messages: list[chat.Message], add_generation_prompt: bool = True
     ) -> list[int]:
         """Messages rendered with a chat template and tokenized as the target expects."""
+        self._check_open()
         target = self.target
         bos_text = target.token_text(target.bos).decode(errors="replace")
         eos_text = target.token_text(target.eos).decode(errors="replace")
@@ -592,8 +607,13 @@ class Engine:
     # ----- generation ----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], **config) -> Stream:
         """Generate, yielding text as the target accepts it; `.result` holds the Result after."""
-        if self._closed:
-            raise BadSettingError("this engine is closed; load another")
+        self._check_open()
+        unknown = sorted(set(config) - GENERATION_SETTINGS)
+        if unknown:  # a TypeError from the dataclass otherwise
+            raise BadSettingError(
+                f"unknown setting {', '.join(unknown)}; the settings are GenerationConfig's: "
+                f"{', '.join(sorted(GENERATION_SETTINGS))}"
+            )
         cfg = GenerationConfig(**config)
         cfg.validate(self.draft is not None)
         if cfg.mode is None:
@@ -607,6 +627,8 @@ class Engine:
     def _token_prompt(self, prompt: object) -> list[int]:
         """A prompt of token ids, checked: llama.cpp takes an id outside the vocabulary as a
         failed decode, or an overflow of its int32."""
+        if isinstance(prompt, np.ndarray) and prompt.ndim == 1:
+            prompt = prompt.tolist()
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
             raise BadSettingError(
                 f"a prompt is text or a sequence of token ids, not {type(prompt).__name__}"
@@ -615,8 +637,13 @@ class Engine:
         n_vocab = self.target.n_vocab
         if not all(is_whole(t) and 0 <= t < n_vocab for t in tokens):
             raise BadSettingError(f"a token prompt's ids must be whole numbers in 0..{n_vocab - 1}")
-        if not tokens or len(tokens) >= self.n_ctx:
-            raise ContextOverflowError(f"a token prompt must have 1 to {self.n_ctx - 1} tokens")
+        if not tokens:
+            raise BadSettingError("the prompt is empty")
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                "use a larger n_ctx or a shorter prompt"
+            )
         return tokens
 
     def generate(self, prompt: str | Sequence[int], **config) -> Result:
@@ -626,17 +653,30 @@ class Engine:
         assert stream.result is not None
         return stream.result
 
-    def _begin(self, run: _Run) -> Generator[list[int], None, None]:
+    def _begin(self, stream: Stream) -> Generator[list[int], None, None]:
         """The rounds of a new generation. One still open (a stream left unfinished and kept
-        alive by a reference) is closed first: its end settles the caches, and settled later,
+        alive by a reference) is ended first: its end settles the caches, and settled later,
         after this one had used them, it set them back to its own text (the next prompt then
         reused cells that held another)."""
+        self._check_open()  # a stream made before the engine was closed
         if self._open is not None:
-            open_run, open_rounds = self._open
-            open_run.superseded = True  # nothing, if it had ended already
-            open_rounds.close()
-        self._open = (run, self._rounds(run))
+            self._end_open_stream()
+        self._open = (stream, self._rounds(stream.run))
         return self._open[1]
+
+    def _end_open_stream(self) -> None:
+        """End the last stream begun, "superseded", with its result (nothing, if it has ended)."""
+        assert self._open is not None
+        stream, rounds = self._open
+        if stream.result is None:
+            stream.run.superseded = True
+            rounds.close()
+            stream._finish(ended=False)
+
+    def _check_open(self) -> None:
+        """Its models are freed once closed: llama.cpp would crash the process on them."""
+        if self._closed:
+            raise BadSettingError("this engine is closed; load another")
 
     def _rounds(self, run: _Run) -> Generator[list[int], None, None]:
         """Prefill, then yield each round's decided tokens until the caller stops asking."""
@@ -806,6 +846,7 @@ class Engine:
 
     def forget_caches(self) -> None:
         """Empty both caches; the next generation evaluates its whole prompt."""
+        self._check_open()
         self.target_ctx.clear()
         self._target_cache = []
         self.forget_draft_cache()
@@ -816,6 +857,7 @@ class Engine:
         time, a chat waiting for its user: inside the next answer, catching up on a long history
         costs seconds (~1.75 ms a token for the 0.5B draft here), and auto tries no draft while
         that is more than a small share of the answer."""
+        self._check_open()
         if self.draft_ctx is None:
             return 0
         held = self._target_cache
@@ -823,6 +865,7 @@ class Engine:
 
     def forget_draft_cache(self) -> None:
         """Empty the draft's cache: the next generation catches it up as a new process would."""
+        self._check_open()
         if self.draft_ctx:
             self.draft_ctx.clear()
         self._draft_cache = []
@@ -979,6 +1022,7 @@ class Engine:
             del proposed[k:], confidences[k:]
             run.draft_cached = ahead.at + k - 1  # the last token's position, not evaluated
             draft_ctx.seq_rm(0, run.draft_cached)
+        run.stats.pipelined_kept += len(proposed)  # what the chain starts with, not all carried
         if proposed:
             pos = run.draft_cached  # the last drafted token's; the draft has not evaluated it
             run.catch_up_s = 0.0
@@ -1190,7 +1234,6 @@ class Engine:
         """The target took the whole chain and chose after it the token the draft had drafted
         there (`tokens[0]`): what the draft drafted after that starts the next chain."""
         tokens, confidences = tokens[1:], confidences[1:]
-        run.stats.pipelined_kept += len(tokens)
         if not tokens:  # the draft has not evaluated the new root: the next round does, as usual
             return
         if not run.sampling.greedy:  # their q rows move to the start of the next chain's
@@ -1572,23 +1615,30 @@ class Stream:
         self._text: list[str] = []
         self._detok, self._stops = Detokenizer(), StopMatcher(cfg.stop)
         self._reason = ""  # why generation ended, once it has
+        self._consumer_s = 0.0  # time the caller held the pieces handed to it
 
     def __iter__(self) -> Iterator[str]:
+        if self.result is not None:  # iterated before: it has ended, and says nothing more
+            return
         run, stops = self.run, self._stops
-        rounds = self.engine._begin(run)
+        rounds = self.engine._begin(self)
         ended = False  # not cut short by the caller (Ctrl+C, an iterator closed early)
         try:
             for decided in rounds:
                 for token in decided:
+                    if run.superseded:  # another generation began, or the engine was closed
+                        break
                     piece = self._commit(token)
                     if piece:
                         self._text.append(piece)
+                        handed = time.perf_counter()
                         yield piece
+                        self._consumer_s += time.perf_counter() - handed
                     if self._reason:
                         break
                 if self._reason:
                     break
-            if not stops.stopped:
+            if not stops.stopped and not run.superseded:
                 tail = stops.feed(self._detok.flush()) + stops.flush()
                 if tail:
                     self._text.append(tail)
@@ -1596,16 +1646,24 @@ class Stream:
             ended = True
         finally:
             rounds.close()
-            self.stats.n_generated = len(run.generated)
-            cut = "superseded" if run.superseded else "context" if ended else "interrupted"
-            self.stats.finish(self._reason or cut)
-            self.stats.threads_by_cpus = threads_by_cpus()
-            engine = self.engine
-            self.stats.thread_switches = engine.thread_switches() - self._switches_before
-            for role, ctx in (("target", engine.target_ctx), ("draft", engine.draft_ctx)):
-                if ctx is not None:
-                    self.stats.threads[role] = f"{ctx.threads}/{ctx.max_threads}"
-            self.result = Result("".join(self._text), list(run.generated), self.stats)
+            self._finish(ended)
+
+    def _finish(self, ended: bool) -> None:
+        """Set the statistics and the result, once: when the iteration ends, or when another
+        generation or closing the engine ends it while it is left open."""
+        if self.result is not None:
+            return
+        run, stats, engine = self.run, self.stats, self.engine
+        stats.n_generated = len(run.generated)
+        cut = "superseded" if run.superseded else "context" if ended else "interrupted"
+        stats.finish(self._reason or cut)
+        stats.decode_s -= self._consumer_s  # the caller's time with the pieces is not decoding
+        stats.threads_by_cpus = threads_by_cpus()
+        stats.thread_switches = engine.thread_switches() - self._switches_before
+        for role, ctx in (("target", engine.target_ctx), ("draft", engine.draft_ctx)):
+            if ctx is not None:
+                stats.threads[role] = f"{ctx.threads}/{ctx.max_threads}"
+        self.result = Result("".join(self._text), list(run.generated), stats)
 
     def _commit(self, token: int) -> str:
         """Take one decided token; returns the text it completes, and sets `_reason` at a stop."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -275,6 +276,10 @@ def test_bad_settings_are_rejected_with_a_clear_message(self_draft_engine, plain
         ({"mode": "tree", "branch_p": "x"}, "--branch-p must be a number"),
         ({"stop": None}, "--stop must be text or a sequence of texts"),
         ({"stop": [b"END"]}, "--stop must be text or a sequence of texts"),
+        ({"ngram": "no"}, "ngram must be True or False (got 'no')"),  # "no" was true
+        ({"chat": "yes"}, "chat must be True or False"),
+        ({"system": 5}, "--system must be text (got 5)"),  # was the template's TypeError
+        ({"temp": 0.5}, "unknown setting temp; the settings are GenerationConfig's"),
     ],
 )
 def test_settings_of_the_wrong_type_are_bad_settings_not_crashes(
@@ -304,12 +309,42 @@ def test_a_prompt_of_bad_token_ids_is_a_bad_setting_and_the_engine_goes_on(plain
 def test_a_stream_cut_short_by_another_generation_says_so(plain_engine):
     stream = plain_engine.stream(PROMPTS[1], max_tokens=40, mode="target")
     pieces = iter(stream)
-    assert next(pieces)
+    first = next(pieces)
     plain_engine.generate("Say hi.", max_tokens=3, mode="target")
-    rest = list(pieces)  # ends: the other generation took the caches
-    assert stream.result is not None and len(stream.result.tokens) < 40
-    assert stream.result.stats.finish_reason == "superseded", rest
+    # Its result is there without taking another piece (it was None until then).
+    assert stream.result is not None and stream.result.stats.finish_reason == "superseded"
+    assert stream.result.text == first and len(stream.result.tokens) < 40
     assert "another generation" in stream.result.stats.summary()
+    assert list(pieces) == []  # it says nothing more
+
+
+def test_a_stream_iterated_again_yields_nothing_more(plain_engine):
+    """It generated on, past max_tokens (11 of 10)."""
+    stream = plain_engine.stream(PROMPTS[1], max_tokens=10, mode="target")
+    text = "".join(stream)
+    assert "".join(stream) == "" and stream.result.text == text
+    assert stream.result.stats.n_generated == len(stream.result.tokens) <= 10
+
+
+def test_time_the_caller_spends_with_the_pieces_is_not_decoding_time(plain_engine):
+    """A caller sleeping 0.1 s a piece made decode_s 5.4 s for 2.2 s of llama.cpp, and
+    overhead_ms_per_pass 102."""
+    stream = plain_engine.stream(PROMPTS[1], max_tokens=8, mode="target")
+    for _ in stream:
+        time.sleep(0.2)
+    stats = stream.result.stats
+    assert stats.n_generated >= 4 and stats.decode_s < 0.2 * (stats.n_generated - 1)
+    assert stats.native_s <= stats.decode_s and stats.overhead_ms_per_pass < 50
+
+
+def test_a_prompt_of_token_ids_may_be_a_numpy_array_and_none_is_an_empty_prompt(plain_engine):
+    ids = plain_engine.target.tokenize(PROMPTS[3], add_special=True)
+    as_list = plain_engine.generate(ids, max_tokens=4, mode="target")
+    assert plain_engine.generate(np.array(ids), max_tokens=4, mode="target").tokens == (
+        as_list.tokens
+    )
+    with pytest.raises(BadSettingError, match="the prompt is empty"):
+        plain_engine.generate([], max_tokens=4)
 
 
 def test_a_closed_engine_frees_its_threads_and_generates_no_more(smol_path):
@@ -328,6 +363,33 @@ def test_a_closed_engine_frees_its_threads_and_generates_no_more(smol_path):
     engine.close()  # twice is harmless
     with pytest.raises(BadSettingError, match="closed"):
         engine.generate(PROMPTS[3], max_tokens=4)
+
+
+@pytest.mark.parametrize("use", ["catch_up_draft", "forget_caches", "prompt_tokens"])
+def test_a_closed_engine_refuses_what_would_touch_its_freed_models(smol_path, use):
+    """Each of these crashed the process (a segmentation fault in llama.cpp)."""
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_path, n_ctx=256)
+    engine.close()
+    args = ["Hi"] if use == "prompt_tokens" else []
+    with pytest.raises(BadSettingError, match="this engine is closed"):
+        getattr(engine, use)(*args)
+
+
+def test_a_stream_made_or_begun_before_the_engine_closed_ends_without_a_crash(smol_path):
+    import edgespec
+
+    engine = edgespec.load(smol_path, n_ctx=256)
+    not_begun = engine.stream(PROMPTS[1], max_tokens=20, mode="target")
+    begun = engine.stream(PROMPTS[1], max_tokens=20, mode="target")
+    pieces = iter(begun)
+    first = next(pieces)
+    engine.close()
+    assert list(pieces) == [] and begun.result.text == first
+    assert begun.result.stats.finish_reason == "superseded"
+    with pytest.raises(BadSettingError, match="this engine is closed"):
+        list(not_begun)
 
 
 def test_a_prompt_longer_than_the_context_is_rejected(smol_path):

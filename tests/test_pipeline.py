@@ -85,6 +85,10 @@ def test_the_pipeline_moves_drafting_into_the_verifications(
     # drafting that the serial chains did between verifications, the pipeline did during them
     assert piped.stats.pipelined_kept > 0
     assert piped.stats.draft_evals - piped.stats.pipelined_evals < alone.stats.draft_evals
+    # Kept: what the chains started with (a token at most here), not all that was drafted
+    # ahead (twice as many, counted before).
+    ones = pipelined.generate(tokens, **{**options, "draft_max": 1}).stats
+    assert 0 < ones.pipelined_kept <= ones.verifications
 
 
 def carried_starts(
