@@ -1412,10 +1412,10 @@ class Engine:
         root_pos = len(tokens) - 1
         remaining = cfg.max_tokens - len(run.generated)
         depth_room = max(0, min(room, remaining - 1))  # tree depths that fit and are wanted
-        trigger = TriggerConfig(max_nodes=cfg.max_nodes, max_depth=min(cfg.max_depth, depth_room))
-        scheduler = (
-            PacerScheduler(cfg.max_nodes - 1) if cfg.scheduler == "pacer" else GreedyScheduler()
-        )
+        # Each node, the root included, takes a cell of its own: `room + 1` are left.
+        max_nodes = min(cfg.max_nodes, room + 1)
+        trigger = TriggerConfig(max_nodes=max_nodes, max_depth=min(cfg.max_depth, depth_room))
+        scheduler = PacerScheduler(max_nodes - 1) if cfg.scheduler == "pacer" else GreedyScheduler()
         tree = TokenTree(tokens[-1])
         params = run.sampling
         if ngram is not None and ngram.tokens and params.greedy:

@@ -957,3 +957,22 @@ def test_wrong_n_gram_proposals_lose_no_more_than_the_loss_budget(plain_engine, 
     lost = sum(steps - tokens for tokens, steps in charged)
     assert lost <= policy.LOSS_ALLOWANCE + 1e-9
     assert lost > policy.LOSS_ALLOWANCE / 2  # the budget, not the estimates, stopped them
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_a_tree_near_the_end_of_the_context_fits_what_is_left_of_it(
+    smol_path, smol_q4_0, plain_engine, calibrated
+):
+    """A tree has up to --max-nodes nodes, each in a cell of its own: within --max-nodes of a
+    full context the verification failed (llama_decode status 1, a traceback, and --json lost
+    every token). Only its depth was bounded by what was left."""
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)  # 256 cells: none to spare
+    prompt = "Repeat this text verbatim: " + " ".join(f"{i} apples, {i} pears;" for i in range(30))
+    tokens = engine.target.tokenize(prompt, add_special=True)[:200]
+    result = engine.generate(tokens, max_tokens=128, mode="tree", calibrated=calibrated)
+    assert result.stats.finish_reason == "context"
+    assert len(tokens) + result.stats.n_generated == 256 + 1  # the last one is never evaluated
+    plain = plain_engine.generate(tokens, max_tokens=result.stats.n_generated, mode="target")
+    assert_same_or_near_tie(plain_engine, tokens, plain.tokens, result.tokens)
