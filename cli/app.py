@@ -137,9 +137,12 @@ def draft_named_or_default(settings: Settings) -> bool:
 
 
 def read_prompt(prompt: str) -> str:
-    """The prompt as given, or read from stdin for "-"; bytes that are not UTF-8 become U+FFFD."""
+    """The prompt as given, or read from stdin for "-"; bytes that are not UTF-8 become U+FFFD.
+    From stdin without the newline that ends its last line (`echo`, a file): with it, the same
+    question was a prompt one token longer than as an argument, and answered otherwise."""
     if prompt == "-":
-        return read_stdin(lambda f: f.read())
+        text = read_stdin(lambda f: f.read())
+        return text[:-1] if text.endswith("\n") else text
     return valid_text(prompt)
 
 
@@ -151,8 +154,8 @@ def prompt_lines(prompt: str) -> Iterator[str]:
             line.decode("utf-8", "replace") if isinstance(line, bytes) else valid_text(line)
             for line in getattr(sys.stdin, "buffer", sys.stdin)
         )
-    else:
-        lines = valid_text(prompt).splitlines()
+    else:  # lines end at \n as stdin's do (splitlines also ends them at \f, U+2028, ...)
+        lines = valid_text(prompt).split("\n")
     return (line.rstrip("\r\n") for line in lines if line.strip())
 
 
@@ -523,7 +526,7 @@ def quantize(
                 f"--output-type must be one of {', '.join(OUTPUT_TYPES)} (got {output_type!r})"
             )
     info = read_gguf(source)
-    check_destination(dest, source)
+    dest = check_destination(dest, source)
     if info.file_type not in ("ALL_F32", "F16", "BF16"):
         err.print(
             f"[yellow]warning:[/yellow] {escape(source.name)} is already {info.file_type}; "
@@ -536,18 +539,26 @@ def quantize(
     print(dest)
 
 
-def check_destination(dest: Path, source: Path | None = None) -> None:
-    """Fail before the work, not after it, where `dest` cannot be written as a file, or would
-    be written over the `source` it is made from: the user's only copy of it, perhaps."""
-    if source is not None and dest.exists() and dest.samefile(source):
-        raise BadSettingError(f"{dest} is the input file; name another file to write")
+def check_destination(dest: Path, *sources: Path | None) -> Path:
+    """The file to write for `dest`, checked before the work, not after it: not one of the
+    `sources` the work reads (the user's only copy of a model, perhaps), not a directory,
+    device or pipe, in a folder that exists and can be written. A link is written through:
+    the file it names is returned."""
+    if dest.is_symlink():
+        dest = dest.resolve()
+    for source in sources:
+        if source is not None and dest.exists() and dest.samefile(source):
+            raise BadSettingError(f"{dest} is the input file; name another file to write")
     if dest.is_dir():
         raise BadSettingError(f"{dest} is a directory; name the file to write")
+    if dest.exists() and not dest.is_file():  # /dev/full, a FIFO: replaced by a file before
+        raise BadSettingError(f"{dest} is not a regular file; name a file to write")
     folder = dest.parent
     if not folder.is_dir():
         raise BadSettingError(f"cannot write {dest}: there is no directory {folder}")
     if not os.access(folder, os.W_OK):
         raise BadSettingError(f"cannot write {dest}: {folder} is not writable")
+    return dest
 
 
 def narrow(
@@ -578,7 +589,7 @@ def narrow(
     # link is found as the link, wherever the file it points to lies.
     if dest.absolute().parent.resolve() != source.absolute().parent.resolve():
         raise BadSettingError("the narrowed copy must be written next to its draft")
-    check_destination(dest, source)
+    dest = check_destination(dest, source)
     narrow_file(source, dest, tokens)
     print(dest)
 

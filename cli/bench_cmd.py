@@ -94,13 +94,14 @@ def bench(
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench
     from edgespec.errors import BadSettingError, EdgespecError
+    from edgespec.files import written_into_place
     from edgespec.sampling import SamplingParams
 
     from .app import DEFAULT_TARGET, check_destination, resolve, resolve_draft, resolve_model
 
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
     if json_out is not None:  # so does a file that cannot be written: not after an hour's run
-        check_destination(json_out)
+        json_out = check_destination(json_out, prompts)
     for flag, value in (("--modes", modes), ("--classes", classes)):
         if value is not None and not _split(value):  # '' ran everything
             raise BadSettingError(f"{flag} names nothing (got {value!r}); leave it out for all")
@@ -116,6 +117,8 @@ def bench(
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     draft_path = resolve_draft(replace(settings, draft_threads=threads))
     assert target_path is not None
+    if json_out is not None:  # not over a model it measures, either
+        json_out = check_destination(json_out, target_path, draft_path)
     mode_list = _split(modes) if modes else available_modes(draft_path is not None)
 
     status = Console(stderr=True, highlight=False)
@@ -158,7 +161,8 @@ def bench(
         console.print(line, markup=False, soft_wrap=True)
     if json_out is not None:
         try:
-            json_out.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+            with written_into_place(json_out) as tmp:
+                tmp.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
         except OSError as e:  # a full disk: the tables above are the run's results
             raise EdgespecError(f"cannot write {json_out}: {e.strerror or e}") from None
         status.print(f"wrote {json_out}", style="dim", markup=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -66,7 +67,7 @@ def path() -> None:
 def _check(settings: Settings) -> None:
     """What `run` checks of these values before loading a model (not the models' files)."""
     from edgespec.cores import plan_placement
-    from edgespec.engine import GenerationConfig, check_threads
+    from edgespec.engine import GenerationConfig, check_ctx_size, check_threads
 
     from .app import draft_named_or_default, generation_options, sources_named
 
@@ -75,6 +76,7 @@ def _check(settings: Settings) -> None:
             has_draft=draft_named_or_default(settings)
         )
         check_threads(settings.threads, settings.draft_threads)
+        check_ctx_size(settings.ctx_size, None, Path())  # the model's own bound: when it loads
         plan_placement(settings.target_cpus, settings.draft_cpus)
 
 

@@ -91,11 +91,15 @@ def load_prompts(
             raw = Path(path).read_text("utf-8")
         except OSError as e:
             raise BadSettingError(f"cannot read the prompt file {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise BadSettingError(f"the prompt file {path} is not UTF-8 text") from None
         source = str(path)
     try:
         entries = tomllib.loads(raw).get("prompts", [])
     except tomllib.TOMLDecodeError as e:
         raise BadSettingError(f"{source} is not valid TOML: {e}") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise BadSettingError(f"{source}: prompts must be [[prompts]] entries (tables)")
     prompts = [_prompt_from_entry(entry, source) for entry in entries]
     if not prompts:
         raise BadSettingError(f"{source} has no [[prompts]] entries")
@@ -122,7 +126,7 @@ def _prompt_from_entry(entry: dict[str, object], source: str) -> BenchPrompt:
     label = name if isinstance(name, str) else repr(entry)[:40]
     if not (isinstance(name, str) and isinstance(class_name, str) and isinstance(text, str)):
         raise BadSettingError(f"{source}: prompt {label} needs a name, a class and a text")
-    if not isinstance(max_tokens, int) or max_tokens < 1:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadSettingError(f"{source}: prompt {label} needs max_tokens, a positive integer")
     if not text.strip():
         raise BadSettingError(f"{source}: prompt {label} has an empty text")

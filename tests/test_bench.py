@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 from dataclasses import replace
@@ -236,6 +237,23 @@ def test_a_prompt_file_with_a_repeated_name_is_refused(tmp_path):
     path = tmp_path / "twice.toml"
     path.write_text(TINY_SUITE + TINY_SUITE)
     with pytest.raises(BadSettingError, match="unique"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"\xff\xfe[[prompts]]", "is not UTF-8 text"),  # UnicodeDecodeError, a traceback
+        (b'prompts = "abc"', "prompts must be [[prompts]] entries"),  # AttributeError
+        (b"prompts = [1, 2]", "prompts must be [[prompts]] entries"),
+        (b"[prompts]\nname = 'a'", "prompts must be [[prompts]] entries"),
+        (TINY_SUITE.replace("max_tokens = 16", "max_tokens = true").encode(), "needs max_tokens"),
+    ],
+)
+def test_a_prompt_file_of_the_wrong_shape_or_encoding_is_one_clear_error(tmp_path, content, needle):
+    path = tmp_path / "prompts.toml"
+    path.write_bytes(content)
+    with pytest.raises(BadSettingError, match=re.escape(needle)):
         load_prompts(path)
 
 

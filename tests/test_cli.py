@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -115,12 +116,30 @@ def test_run_in_each_mode_reports_it(capsys, smol_path):
         assert code == 0 and json.loads(out)["stats"]["mode"] == mode
 
 
-def test_run_reads_the_prompt_from_stdin(capsys, monkeypatch, smol_path):
+def test_run_reads_the_prompt_from_stdin_as_it_would_take_it_as_an_argument(
+    capsys, monkeypatch, smol_path
+):
+    """`echo "..." | edgespec run -` kept echo's newline: another prompt, another answer."""
     import io
 
-    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 2 + 2?"))
-    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "-")
-    assert code == 0 and json.loads(out)["stats"]["n_prompt_tokens"] > 5
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "8", "--json"]
+    given = json.loads(cli(capsys, *args, "What is 2 + 2?")[1])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 2 + 2?\n"))
+    code, out, _ = cli(capsys, *args, "-")
+    piped = json.loads(out)
+    assert code == 0 and piped["tokens"] == given["tokens"]
+    assert piped["stats"]["n_prompt_tokens"] == given["stats"]["n_prompt_tokens"] > 5
+
+
+def test_each_line_ends_lines_of_an_argument_where_stdin_would(capsys, smol_path):
+    """A form feed or U+2028 in pasted text split an argument's prompt in two."""
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "2", "--each-line"]
+    code, out, _ = cli(capsys, *args, "foo\u2028bar\fbaz\nSecond line")
+    assert code == 0
+    assert [json.loads(line)["prompt"] for line in out.strip().split("\n")] == [
+        "foo\u2028bar\fbaz",
+        "Second line",
+    ]
 
 
 def test_each_line_answers_every_prompt_as_a_run_of_its_own_would_with_the_models_loaded_once(
@@ -263,6 +282,40 @@ def test_quantize_never_writes_over_its_input(capsys, smol_path, tmp_path):
     code, _, err = cli(capsys, "quantize", str(source), str(source), "--type", "Q4_0")
     one_line_error(code, err, "is the input file")
     assert read_gguf(source).file_type == read_gguf(smol_path).file_type
+
+
+def test_quantize_writes_through_a_link_and_never_over_a_device_or_a_pipe(
+    capsys, smol_path, tmp_path
+):
+    """Run as root, `quantize IN /dev/full` replaced the device with a 91 MB file; a FIFO
+    became a file, and a link a file beside the one it named."""
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link.gguf"
+    link.symlink_to(tmp_path / "real" / "q.gguf")
+    code, out, _ = cli(capsys, "quantize", str(smol_path), str(link), "--type", "Q8_0")
+    assert code == 0 and link.is_symlink() and read_gguf(link).file_type == "Q8_0"
+    assert out.strip() == str(tmp_path / "real" / "q.gguf")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, _, err = cli(capsys, "quantize", str(smol_path), str(fifo), "--type", "Q8_0")
+    one_line_error(code, err, "is not a regular file")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_bench_json_never_writes_over_a_model_or_the_prompts_it_reads(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    """It wrote its report over the model it measured (a 1,918-byte 'GGUF')."""
+    monkeypatch.setattr("edgespec.bench.run_bench", lambda *a, **k: pytest.fail("it ran"))
+    model = tmp_path / "model.gguf"
+    shutil.copy(smol_path, model)
+    prompts = tmp_path / "prompts.toml"
+    prompts.write_text('[[prompts]]\nname = "a"\nclass = "c"\ntext = "Hi"\nmax_tokens = 4\n')
+    for output in (model, prompts):
+        args = ["-m", str(model), "--modes", "target", "--prompts", str(prompts)]
+        code, _, err = cli(capsys, "bench", *args, "--json", str(output))
+        one_line_error(code, err, "is the input file")
+    assert read_gguf(model).file_type == read_gguf(smol_path).file_type
 
 
 @pytest.mark.parametrize(

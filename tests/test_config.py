@@ -268,13 +268,22 @@ def test_config_show_reports_a_bad_file_in_one_line(home):
     assert result.stderr == (f'error: {path} line 1: ctx_size must be a whole number (got "big")\n')
 
 
-def test_config_show_shows_a_value_run_would_refuse_and_then_says_why(home, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("temp", "-1", "--temp must be >= 0 (got -1)"),
+        ("ctx_size", "5", "--ctx-size must be at least 16 (got 5)"),
+    ],
+)
+def test_config_show_shows_a_value_run_would_refuse_and_then_says_why(
+    home, monkeypatch, name, value, error
+):
     """Out-of-range values were listed without a word; `run` refused them."""
-    monkeypatch.setenv("EDGESPEC_TEMP", "-1")
+    monkeypatch.setenv(f"EDGESPEC_{name.upper()}", value)
     result = CliRunner().invoke(config_app, ["show"])
     assert result.exit_code == 2
-    assert "-1" in next(line for line in result.stdout.splitlines() if " temp " in line)
-    assert result.stderr == "error: --temp must be >= 0 (got -1) (set by env EDGESPEC_TEMP)\n"
+    assert value in next(line for line in result.stdout.splitlines() if f" {name} " in line)
+    assert result.stderr == f"error: {error} (set by env EDGESPEC_{name.upper()})\n"
 
 
 def test_config_path_prints_where_the_file_is_read_from(home):
