@@ -136,12 +136,15 @@ def draft_named_or_default(settings: Settings) -> bool:
     return settings.draft is not None or settings.target is None
 
 
+MAX_PROMPT_BYTES = 64 << 20
+
+
 def read_prompt(prompt: str) -> str:
     """The prompt as given, or read from stdin for "-"; bytes that are not UTF-8 become U+FFFD.
     From stdin without the newline that ends its last line (`echo`, a file): with it, the same
     question was a prompt one token longer than as an argument, and answered otherwise."""
     if prompt == "-":
-        text = read_stdin(lambda f: f.read())
+        text = read_stdin(read_at_most(MAX_PROMPT_BYTES, "the prompt on stdin"))
         return text[:-1] if text.endswith("\n") else text
     return valid_text(prompt)
 
@@ -157,6 +160,19 @@ def prompt_lines(prompt: str) -> Iterator[str]:
     else:  # lines end at \n as stdin's do (splitlines also ends them at \f, U+2028, ...)
         lines = valid_text(prompt).split("\n")
     return (line.rstrip("\r\n") for line in lines if line.strip())
+
+
+def read_at_most(limit: int, what: str) -> Callable[[IO], str | bytes]:
+    """A reader of a whole stream that refuses one longer than `limit` (/dev/zero was read
+    until the machine ran out of memory)."""
+
+    def read(stream: IO) -> str | bytes:
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise BadSettingError(f"{what} is over {limit >> 20} MB: more than any context holds")
+        return data
+
+    return read
 
 
 def read_stdin(read: Callable[[IO], str | bytes]) -> str:
@@ -594,9 +610,13 @@ def narrow(
     print(dest)
 
 
-# `edgespec --help` lists them in this order: what a new user reaches for first, first.
+# `edgespec --help` lists them in this order: what a new user reaches for first, first. Those
+# that write files or take minutes stop on SIGTERM as on Ctrl+C, their temporary files removed
+# (`timeout 60 edgespec quantize ...` left a hidden copy as large as the model); chat goes on
+# after a Ctrl+C, so SIGTERM ends it as it ends any program.
 for command in (run, chat, bench, profile, quantize, narrow, inspect):
-    app.command()(command)
+    stoppable = command not in (run, chat, inspect)  # run is wrapped where it is defined
+    app.command()(sigterm_as_ctrl_c(command) if stoppable else command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,9 +112,16 @@ def chat(
     repl.run()
 
 
+MAX_TEMPLATE_BYTES = 1 << 20  # templates are a few kB; /dev/zero was read until memory ran out
+
+
 def read_template(path: Path) -> str:
     try:
-        return path.expanduser().read_text("utf-8")
+        with path.expanduser().open("rb") as f:
+            raw = f.read(MAX_TEMPLATE_BYTES + 1)
+        if len(raw) > MAX_TEMPLATE_BYTES:
+            raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
+        return raw.decode("utf-8")
     except OSError as e:
         raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:

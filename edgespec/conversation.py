@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .stats import Stats
 
 ROLES = ("user", "assistant")
+# What /load reads at most: far more than a chat holds (/dev/zero was read until the machine
+# ran out of memory).
+MAX_SAVED_BYTES = 64 << 20
 
 
 @dataclass
@@ -192,6 +195,13 @@ class Conversation:
         path = Path(path).expanduser()
         if path.is_symlink():
             path = path.resolve()
+        if path.exists() and not path.is_file():  # /dev/null, a FIFO: replaced by a file
+            raise EdgespecError(f"cannot save {path}: not a regular file")
+        if path.exists() and _is_standard_stream(path):  # /dev/stdout into a log
+            raise EdgespecError(
+                f"cannot save {path}: it is where this program's output goes, and replacing it "
+                "would lose that output"
+            )
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         try:
             mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _new_file_mode()
@@ -226,7 +236,11 @@ class Conversation:
         refused, the current one left as it was."""
         path = Path(path).expanduser()
         try:
-            data = json.loads(path.read_text("utf-8"))
+            with path.open("rb") as f:  # not endless (/dev/zero), nor larger than any context
+                raw = f.read(MAX_SAVED_BYTES + 1)
+            if len(raw) > MAX_SAVED_BYTES:
+                raise EdgespecError(f"{path} is over {MAX_SAVED_BYTES >> 20} MB: no saved chat")
+            data = json.loads(raw.decode("utf-8"))
         except OSError as e:
             raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -270,6 +284,19 @@ def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:
             raise bad(f'message {i} needs a string "content" and a boolean "interrupted"')
         messages.append(Message(role, valid_text(content), interrupted))
     return (valid_text(system) if system is not None else None), messages
+
+
+def _is_standard_stream(path: Path) -> bool:
+    """Whether `path` is the file this process's stdout or stderr writes to."""
+    target = path.stat()
+    for fd in (1, 2):
+        try:
+            stream = os.fstat(fd)
+        except OSError:  # closed
+            continue
+        if (stream.st_dev, stream.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
 
 
 def _new_file_mode() -> int:

@@ -49,6 +49,7 @@ from .policy import (
 )
 from .profile import (
     DEFAULT_RELATIVE,
+    NOISY,
     AutoMemory,
     DeviceProfile,
     alternating_steps,
@@ -477,6 +478,12 @@ class Engine:
                     measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 finally:  # the measurement cleared this context, even one cut short
                     self.forget_caches()
+                if measured.noise > NOISY:  # kept all the same: every run would measure again
+                    say(
+                        f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
+                        f"varied by {measured.noise:.0%}; `edgespec profile` measures it again "
+                        "once the device is quiet)"
+                    )
                 try:
                     save_profile(measured)
                 except OSError as e:  # a read-only or full home: this run still uses it

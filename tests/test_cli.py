@@ -809,3 +809,26 @@ def test_a_system_message_from_the_environment_is_left_out_for_a_model_without_a
     assert out.strip()
     code, _, err = cli(capsys, "run", "-m", str(bare), "--system", "Be brief.", "-n", "4", "Once")
     one_line_error(code, err, "a system message needs the chat template")
+
+
+def test_sigterm_stops_quantize_and_leaves_no_temporary_file(smol_path, tmp_path):
+    """`timeout 60 edgespec quantize ...` left a hidden copy as large as the model (exit 143)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgespec.cli", "quantize", str(smol_path),
+         str(tmp_path / "q.gguf"), "--type", "Q4_0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".q.gguf.*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.terminate()  # while the quantizer writes
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().endswith("\ninterrupted"), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_endless_prompt_on_stdin_is_refused(smol_path):
+    """`edgespec run - < /dev/zero` read until the kernel killed it (24 GB)."""
+    command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -n 2 - < /dev/zero"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "the prompt on stdin is over 64 MB" in done.stderr

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
-from edgespec.files import written_into_place
+from edgespec.files import LEFTOVER_AGE_S, written_into_place
 
 
 def test_the_file_appears_whole_once_the_block_ends(tmp_path):
@@ -36,14 +37,26 @@ def test_a_folder_below_a_file_raises_what_the_write_met_not_the_cleanup(tmp_pat
         tmp.write_text("new")
 
 
+def aged(path, seconds: float = LEFTOVER_AGE_S + 60):
+    """`path` as if nothing had written to it for `seconds`."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
 def test_what_a_writer_killed_outright_left_goes_but_a_running_writers_file_stays(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()  # its process id is free now
     path = tmp_path / "draft.q4_0.gguf"
     left = tmp_path / f".draft.q4_0.gguf.{dead.pid}.tmp"
-    left.write_bytes(b"half a model")
+    aged(left.write_bytes(b"half a model") and left)
     busy = tmp_path / f".draft.q4_0.gguf.{os.getppid()}.tmp"  # another process still writing
-    busy.write_bytes(b"a model in the making")
+    aged(busy.write_bytes(b"a model in the making") and busy)
+    # A writer whose id means nothing here (another container's): it writes, so it lives.
+    elsewhere = tmp_path / f".draft.q4_0.gguf.{dead.pid + 100_000}.tmp"
+    elsewhere.write_bytes(b"written a moment ago")
     with written_into_place(path) as tmp:
         tmp.write_text("new")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, path.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [busy.name, elsewhere.name, path.name]
+    )

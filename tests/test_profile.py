@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -637,6 +637,20 @@ def test_a_first_use_profile_cut_short_leaves_the_engine_knowing_its_caches_are_
         engine.profile_if_missing()
     result = engine.generate("Hello there", max_tokens=8, mode="target")
     assert result.text == plain and result.stats.n_prompt_eval == result.stats.n_prompt_tokens
+
+
+def test_a_first_use_profile_measured_on_a_busy_device_says_so(home, smol_path, monkeypatch):
+    """Three runs started together stored profiles 24x too slow without a word."""
+    import edgespec
+    from edgespec import engine as engine_module
+
+    quick = engine_module.quick_profile
+    monkeypatch.setattr(engine_module, "quick_profile", lambda *a: replace(quick(*a), noise=0.32))
+    engine = edgespec.load(smol_path, n_ctx=256)
+    said: list[str] = []
+    engine.profile_if_missing(say=said.append)
+    assert any("busy while measuring" in line and "varied by 32%" in line for line in said)
+    assert load_profile(smol_path, engine.threads) is not None  # kept all the same
 
 
 def test_ctrl_c_stops_a_profile_measured_on_pinned_cpus_at_its_next_pass(home, smol_path):
