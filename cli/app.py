@@ -472,7 +472,9 @@ def placement_report(stats: Stats) -> str:
 def inspect(
     file: Annotated[Path, typer.Argument(help="A GGUF file")],
     other: Annotated[Path | None, typer.Argument(help="A second GGUF: can the two pair?")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object: {models, pairable, reason}")
+    ] = False,
 ) -> None:
     """Show a GGUF's metadata; with two files, whether they can be a draft/target pair."""
     from edgespec.gguf_info import pairing_problem, read_gguf
@@ -481,7 +483,10 @@ def inspect(
     verdict = None
     if other:
         draft, target = infos
-        problem = pairing_problem(draft, target)
+        try:
+            problem = pairing_problem(draft, target)
+        except ModelFileError as e:  # a narrowed draft without its full one: an answer too
+            problem = str(e)
         same = draft.vocab_digest == target.vocab_digest
         verdict = problem or f"yes: {'same vocabulary' if same else 'same token texts'}"
     if as_json:

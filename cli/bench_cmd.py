@@ -222,7 +222,7 @@ def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
         pad_edge=False,
         collapse_padding=True,  # fits 80 columns
     )
-    table.add_column("mode", no_wrap=True)
+    table.add_column("mode", overflow="fold")  # a long mode wraps, the numbers keep their width
     # Two short header lines per column: ten columns in 80.
     for header in (
         "tok/s",

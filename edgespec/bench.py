@@ -38,7 +38,7 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 from .backend import Context
 from .cores import cpu_generation, cpu_model, cpu_simd
 from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
-from .errors import BadSettingError, EdgespecError
+from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
@@ -753,16 +753,20 @@ def run_bench(
     # -t for both models; without it each takes one thread per CPU of its own, as in `run`.
     engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
     threads = engine.threads
-    if "auto" in modes:
-        engine.profile_if_missing()  # as `edgespec run` does on first use
-    prompt_tokens = {p.name: engine.prompt_tokens(p.text) for p in prompts}
-    for p in prompts:
+    prompt_tokens = {}
+    for p in prompts:  # before a first use's profile: a prompt that cannot run fails first
+        try:
+            prompt_tokens[p.name] = engine.prompt_tokens(p.text)
+        except ContextOverflowError as e:
+            raise BadSettingError(f"prompt {p.name}: {e}") from None
         # Llama stops with an error when its cache is full; a draft may overshoot by its length.
         if len(prompt_tokens[p.name]) + p.max_tokens + lookup_tokens >= engine.n_ctx:
             raise BadSettingError(
                 f"prompt {p.name}: {len(prompt_tokens[p.name])} tokens + {p.max_tokens} to "
                 f"generate do not fit a context of {engine.n_ctx}; use a larger --ctx-size"
             )
+    if "auto" in modes:
+        engine.profile_if_missing()  # as `edgespec run` does on first use
 
     llama_runners = {
         mode: LlamaRunner(

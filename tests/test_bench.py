@@ -19,7 +19,9 @@ from edgespec.backend import Context
 from edgespec.bench import (
     BASELINE,
     LLAMA_MODES,
+    BenchPrompt,
     BenchReport,
+    ClassSummary,
     Divergence,
     available_modes,
     cpu_generation,
@@ -35,6 +37,7 @@ from edgespec.bench import (
 )
 from edgespec.cli.bench_cmd import (
     bench,
+    class_table,
     divergence_lines,
     overall_lines,
     ratio_bar,
@@ -206,6 +209,18 @@ def test_modes_needing_a_draft_are_refused_without_one(smol_path, tiny_suite):
         run_bench(smol_path, None, ["chain"], load_prompts(tiny_suite))
 
 
+def test_a_prompt_longer_than_the_context_is_named_before_a_first_use_profile(
+    smol_path, monkeypatch
+):
+    """It said "the prompt has 5030 tokens" (which?), after profiling for auto."""
+    from edgespec.engine import Engine
+
+    monkeypatch.setattr(Engine, "profile_if_missing", lambda *a, **k: pytest.fail("profiled"))
+    long = BenchPrompt("long-one", "code", "word " * 400, 8)
+    with pytest.raises(BadSettingError, match=r"^prompt long-one: the prompt has \d+ tokens"):
+        run_bench(smol_path, None, ["auto"], [long], n_ctx=256)
+
+
 def test_an_unknown_mode_is_refused_with_the_choices(smol_path, tiny_suite):
     with pytest.raises(BadSettingError, match=r"unknown mode 'fast'.*llama-lookup"):
         run_bench(smol_path, None, ["fast"], load_prompts(tiny_suite))
@@ -255,6 +270,20 @@ def test_a_prompt_file_of_the_wrong_shape_or_encoding_is_one_clear_error(tmp_pat
     path.write_bytes(content)
     with pytest.raises(BadSettingError, match=re.escape(needle)):
         load_prompts(path)
+
+
+def test_a_class_table_in_80_columns_wraps_a_long_mode_name_not_the_numbers():
+    """With the README's own mode names the numbers were cut to "3.…" at 80 columns."""
+    from rich.console import Console
+
+    modes = ["target", "tree:9:greedy:nogram", "chain:4:nogram", "tree:5:llmcad", "auto"]
+    rows = [ClassSummary(m, "code", 23.4, 1.23, 0.98, 0.91, 3.36, 0.35, 2.5, 1.34, 3, 3, None)
+            for m in modes]  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(class_table(rows, "code"))
+    shown = console.export_text()
+    assert "…" not in shown and shown.count("3.36") == len(modes)
+    assert all(len(line) <= 80 for line in shown.splitlines())
 
 
 def test_a_ratio_bar_marks_one_x_and_grows_with_the_ratio():

@@ -7,6 +7,7 @@ must score exactly as in the full draft, and the output must stay the target's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -280,3 +281,14 @@ def test_a_draft_that_is_a_link_is_narrowed_next_to_the_link(
     assert out.strip() == str(made) and made.parent == draft.parent
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(made), "-n", "4", "Hi")
     assert code == 0, err
+
+
+def test_inspect_of_a_narrowed_draft_without_its_full_one_answers_in_json(
+    capsys, narrowed, smol_path, tmp_path
+):
+    """It printed an error and no JSON: a script reading the object broke."""
+    moved = tmp_path / narrowed.name
+    shutil.copy(narrowed, moved)  # without the full draft beside it
+    code, out, _ = cli(capsys, "inspect", str(moved), str(smol_path), "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["pairable"] is False and "is missing from" in verdict["reason"]
