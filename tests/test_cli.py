@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -448,14 +449,26 @@ def test_a_bench_report_that_cannot_be_written_fails_before_the_run(capsys, smol
 
 
 @pytest.mark.skipif(not os.access("/dev", os.W_OK), reason="needs /dev/full as a destination")
-def test_a_bench_report_a_full_disk_refuses_is_one_line_after_the_tables(capsys, smol_path):
-    """/dev/full refuses every write, as a full disk does: the run's tables are printed by then,
-    so the run is not lost, and the failure is one line."""
+def test_a_bench_report_a_full_disk_refuses_is_one_line_after_the_tables(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    """The run's tables are printed by then, so the run is not lost, and the failure is one
+    line. (/dev/full, which refuses every write, is refused as a destination now.)"""
+
+    @contextlib.contextmanager
+    def on_a_full_disk(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        yield
+
+    monkeypatch.setattr("edgespec.files.written_into_place", on_a_full_disk)
     args = ["--modes", "target", "--classes", "chat", "--repeats", "1", "-n", "4"]
-    code, out, err = cli(capsys, "bench", "-m", str(smol_path), *args, "--json", "/dev/full")
+    report = tmp_path / "report.json"
+    code, out, err = cli(capsys, "bench", "-m", str(smol_path), *args, "--json", str(report))
     assert code == 1 and "× plain" in out
-    assert err.strip().splitlines()[-1] == "error: cannot write /dev/full: No space left on device"
-    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: cannot write {report}: No space left on device"
+    )
+    assert "Traceback" not in err and not report.exists()
 
 
 def test_a_quantization_a_full_disk_refuses_says_the_disk_is_full(smol_path, monkeypatch):
