@@ -49,7 +49,7 @@ from .policy import (
 )
 from .profile import (
     DEFAULT_RELATIVE,
-    NOISY,
+    NOISY_QUICK,
     AutoMemory,
     DeviceProfile,
     alternating_steps,
@@ -478,7 +478,7 @@ class Engine:
                     measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
                 finally:  # the measurement cleared this context, even one cut short
                     self.forget_caches()
-                if measured.noise > NOISY:  # kept all the same: every run would measure again
+                if measured.noise > NOISY_QUICK:  # kept all the same: or each run measures
                     say(
                         f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
                         f"varied by {measured.noise:.0%}; `edgespec profile` measures it again "

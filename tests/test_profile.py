@@ -593,7 +593,7 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     assert engine.profile is None and engine.draft_profile is None
     said: list[str] = []
     engine.profile_if_missing(say=said.append)
-    assert len(said) == 2 and all("first use" in line for line in said)
+    assert sum("first use" in line for line in said) == 2  # and a note if the device was busy
     assert engine.profile is not None and engine.relative_cost(4) == engine.profile.relative(4)
     assert engine.profile.flash_attn is None  # attention is left to llama.cpp (see profile_model)
     assert engine.draft_profile is not None and engine.draft_profile.model_file == smol_q4_0.name
@@ -613,7 +613,9 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     third = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
     said.clear()
     third.profile_if_missing(say=said.append)
-    assert len(said) == 1 and smol_path.name in said[0] and "older edgespec" in said[0]
+    measuring = [line for line in said if "measuring how fast" in line]
+    assert len(measuring) == 1 and smol_path.name in measuring[0]
+    assert "older edgespec" in measuring[0]
     assert json.loads(stored.read_text())["method"] == PROFILE_METHOD
 
 
