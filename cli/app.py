@@ -30,7 +30,7 @@ from edgespec.errors import (
     EdgespecError,
     ModelFileError,
 )
-from edgespec.files import written_into_place
+from edgespec.files import regular_destination, written_into_place
 from edgespec.stats import Stats
 from edgespec.text import valid_text
 
@@ -284,7 +284,6 @@ def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
-@sigterm_as_ctrl_c
 def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     target: opt.Target = None,
@@ -565,15 +564,10 @@ def check_destination(dest: Path, *sources: Path | None) -> Path:
     `sources` the work reads (the user's only copy of a model, perhaps), not a directory,
     device or pipe, in a folder that exists and can be written. A link is written through:
     the file it names is returned."""
-    if dest.is_symlink():
-        dest = dest.resolve()
+    dest = regular_destination(dest)
     for source in sources:
         if source is not None and dest.exists() and dest.samefile(source):
             raise BadSettingError(f"{dest} is the input file; name another file to write")
-    if dest.is_dir():
-        raise BadSettingError(f"{dest} is a directory; name the file to write")
-    if dest.exists() and not dest.is_file():  # /dev/full, a FIFO: replaced by a file before
-        raise BadSettingError(f"{dest} is not a regular file; name a file to write")
     folder = dest.parent
     if not folder.is_dir():
         raise BadSettingError(f"cannot write {dest}: there is no directory {folder}")
@@ -616,12 +610,11 @@ def narrow(
 
 
 # `edgespec --help` lists them in this order: what a new user reaches for first, first. Those
-# that write files or take minutes stop on SIGTERM as on Ctrl+C, their temporary files removed
-# (`timeout 60 edgespec quantize ...` left a hidden copy as large as the model); chat goes on
-# after a Ctrl+C, so SIGTERM ends it as it ends any program.
+# that answer, write files or take minutes stop on SIGTERM as on Ctrl+C: the answer so far kept,
+# temporary files removed (`timeout 60 edgespec quantize ...` left a hidden copy as large as the
+# model). chat goes on after a Ctrl+C, so SIGTERM ends it as it ends any program.
 for command in (run, chat, bench, profile, quantize, narrow, inspect):
-    stoppable = command not in (run, chat, inspect)  # run is wrapped where it is defined
-    app.command()(sigterm_as_ctrl_c(command) if stoppable else command)
+    app.command()(command if command in (chat, inspect) else sigterm_as_ctrl_c(command))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,15 +115,11 @@ def profile(
 
     target_profile, target_saved = measure(target_path, target_threads, placement.target_cpus)
     draft_profile, draft_saved = None, None
-    if draft_path is not None:
-        same_as_target = draft_path.resolve() == target_path.resolve() and (
-            draft_threads, placement.draft_cpus) == (target_threads, placement.target_cpus
-        )  # fmt: skip
-        draft_profile, draft_saved = (
-            (target_profile, target_saved)  # measured already, under the same key
-            if same_as_target
-            else measure(draft_path, draft_threads, placement.draft_cpus)
-        )
+    same_key = (draft_threads, placement.draft_cpus) == (target_threads, placement.target_cpus)
+    if draft_path is not None and same_key and draft_path.resolve() == target_path.resolve():
+        draft_profile, draft_saved = target_profile, target_saved  # measured just now
+    elif draft_path is not None:
+        draft_profile, draft_saved = measure(draft_path, draft_threads, placement.draft_cpus)
     draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
     overlap_report = None
     if overlap:

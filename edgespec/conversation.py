@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from .chat import messages_for, render
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
+from .files import regular_destination, written_into_place
 from .text import valid_text
 
 if TYPE_CHECKING:
@@ -190,13 +190,8 @@ class Conversation:
 
     def save(self, path: str | Path) -> None:
         """Write the conversation as JSON, atomically: a crash never leaves half a file. A link
-        is written through, to the file it names; a file saved over keeps its permissions (a
-        new one gets the usual ones, not the temporary file's owner-only)."""
-        path = Path(path).expanduser()
-        if path.is_symlink():
-            path = path.resolve()
-        if path.exists() and not path.is_file():  # /dev/null, a FIFO: replaced by a file
-            raise EdgespecError(f"cannot save {path}: not a regular file")
+        is written through, to the file it names; a file saved over keeps its permissions."""
+        path = regular_destination(Path(path).expanduser())
         if path.exists() and _is_standard_stream(path):  # /dev/stdout into a log
             raise EdgespecError(
                 f"cannot save {path}: it is where this program's output goes, and replacing it "
@@ -204,16 +199,10 @@ class Conversation:
             )
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         try:
-            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _new_file_mode()
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.chmod(tmp, mode)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            with written_into_place(path) as tmp:
+                tmp.write_text(text, "utf-8")
+                if path.exists():  # saved over: its permissions stay
+                    os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         except OSError as e:
             raise EdgespecError(f"cannot save {path}: {e.strerror or e}") from None
 
@@ -297,10 +286,3 @@ def _is_standard_stream(path: Path) -> bool:
         if (stream.st_dev, stream.st_ino) == (target.st_dev, target.st_ino):
             return True
     return False
-
-
-def _new_file_mode() -> int:
-    """The permissions open() gives a new file here: 0o666 less the umask (read by setting it)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask

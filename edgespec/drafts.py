@@ -2,10 +2,10 @@
 
 What a draft token costs decides whether speculation pays on a CPU (docs/speed.md, "What any
 policy could reach here": the same 0.5B draft requantized from Q4_K_M to Q4_0 is worth 3-4x more
-speed-up here). Q4_0 has fast kernels on
-x86 (AVX2/AVX-512) and on ARM (repacked for dotprod/i8mm), but not on every CPU, so the choice is
-measured on the device, once, and remembered next to the model (with the CPU it was measured
-on: on another, it is measured again).
+speed-up here). Q4_0 has fast kernels on x86 (AVX2/AVX-512) and on ARM (repacked for
+dotprod/i8mm), but not on every CPU, so the choice is measured on the device, once, and
+remembered next to the model (with the CPU it was measured on: on another, it is measured
+again).
 
 The copy's output matrix is Q4_0 too: llama.cpp keeps it at Q8_0 by default, and for a 0.5B model
 with a 151,936-token vocabulary it is a third of a draft step here (7 of 19 ms). As Q4_0 the step

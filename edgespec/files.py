@@ -10,13 +10,28 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import BadSettingError
+
+
+def regular_destination(path: Path) -> Path:
+    """The file to write for `path`: a link is written through, to the file it names; a
+    directory, device or pipe is refused (moved onto, /dev/full or a FIFO became a file)."""
+    if path.is_symlink():
+        path = path.resolve()
+    if path.is_dir():
+        raise BadSettingError(f"{path} is a directory; name the file to write")
+    if path.exists() and not path.is_file():
+        raise BadSettingError(f"{path} is not a regular file; name a file to write")
+    return path
+
 
 @contextlib.contextmanager
 def written_into_place(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` for the block to write, moved onto `path` when the block
-    ends without an error and removed otherwise. It is this process's own: two processes making
-    the same file on first use (scripts started together) never write into one file, nor remove
-    the other's. What a writer killed outright left of `path` goes first."""
+    """A temporary path beside `path` (regular_destination) for the block to write, moved onto
+    it when the block ends without an error and removed otherwise. It is this process's own:
+    two processes making the same file on first use (scripts started together) never write into
+    one file, nor remove the other's. What a writer killed outright left of it goes first."""
+    path = regular_destination(path)
     remove_leftovers(path.parent, temporaries_of(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

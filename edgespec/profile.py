@@ -156,7 +156,7 @@ def measure_times(
     prefix, batch = ids[:context_tokens], ids[context_tokens:]
 
     def timed_pass(k: int) -> float:
-        stop_if_asked()
+        _stop_if_asked()
         start = time.perf_counter()
         ctx.decode(batch[:k], context_tokens, logits="all")
         elapsed = time.perf_counter() - start
@@ -569,7 +569,7 @@ def measure_attention(
     try:
 
         def step_and_pass(ctx: Context) -> float:
-            stop_if_asked()
+            _stop_if_asked()
             start = time.perf_counter()
             for k in (1, ATTENTION_K):
                 ctx.decode(batch[:k], ATTENTION_CONTEXT, logits="all")
@@ -678,6 +678,6 @@ def profile_model(
 _stop_measuring = threading.Event()  # set by profile_model on Ctrl+C
 
 
-def stop_if_asked() -> None:
+def _stop_if_asked() -> None:
     if _stop_measuring.is_set():
         raise KeyboardInterrupt

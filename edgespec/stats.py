@@ -168,7 +168,7 @@ class Stats:
         if self.finish_reason == "context":
             line += ", stopped: the context is full (a larger --ctx-size holds more)"
         elif self.finish_reason == "superseded":
-            line += ", stopped: another generation began on the same engine"
+            line += ", stopped: another generation began on the same engine, or it was closed"
         if self.thread_switches:
             now = " ".join(f"{role} {n}" for role, n in self.threads.items())
             line += (

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 
 import pytest
 
+from edgespec.errors import BadSettingError
 from edgespec.files import LEFTOVER_AGE_S, written_into_place
 
 
@@ -60,3 +62,15 @@ def test_what_a_writer_killed_outright_left_goes_but_a_running_writers_file_stay
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [busy.name, elsewhere.name, path.name]
     )
+
+
+def test_a_link_is_written_through_and_a_pipe_is_never_replaced(tmp_path):
+    real, link, fifo = tmp_path / "real.json", tmp_path / "link.json", tmp_path / "fifo"
+    link.symlink_to(real)
+    with written_into_place(link) as tmp:
+        tmp.write_text("new")
+    assert link.is_symlink() and real.read_text() == "new"
+    os.mkfifo(fifo)
+    with pytest.raises(BadSettingError, match="is not a regular file"), written_into_place(fifo):
+        pass
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
