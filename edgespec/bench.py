@@ -37,7 +37,15 @@ from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from .backend import Context
 from .cores import cpu_generation, cpu_model, cpu_simd
-from .engine import MODES, SCHEDULERS, Engine, GenerationConfig, default_threads, load
+from .engine import (
+    MAX_NODES,
+    MODES,
+    SCHEDULERS,
+    Engine,
+    GenerationConfig,
+    default_threads,
+    load,
+)
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .sampling import SamplingParams
 
@@ -175,18 +183,29 @@ def engine_options(mode: str) -> dict[str, Any]:
         raise BadSettingError(
             f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
         )
+    # The size's bounds are the engine's; said here in the mode's words, not a flag's.
+    what, low, high = ("node budget", 2, MAX_NODES) if name == "tree" else ("draft length", 1, 64)
+    if not low <= int(size) <= high:
+        raise BadSettingError(
+            f"bad mode {mode!r}: the size of {name} is its {what}, from {low} to {high}"
+        )
     options: dict[str, Any] = {
         "mode": name,
         "max_nodes" if name == "tree" else "draft_max": int(size),
     }
     words_of = {"tree": TREE_WORDS, "chain": {"nogram": NO_NGRAM}}.get(name, {})
+    said: dict[str, str] = {}  # option -> the word that set it, to catch "tree:9:greedy:pacer"
     for word in words:
         if word not in words_of:
             raise BadSettingError(
                 f"bad mode {mode!r}: after its size a chain takes nogram, a tree one of "
                 f"{', '.join(TREE_WORDS)}, e.g. tree:9:pacer"
             )
-        options.update(words_of[word])
+        for key, value in words_of[word].items():
+            if key in said and options[key] != value:
+                raise BadSettingError(f"bad mode {mode!r}: {said[key]} and {word} contradict")
+            options[key] = value
+            said[key] = word
     return options
 
 
@@ -198,8 +217,10 @@ def checked_modes(modes: Sequence[str], has_draft: bool) -> list[str]:
         if mode.partition(":")[0] not in MODES:
             choices = ", ".join([*MODES, *LLAMA_MODES])
             raise BadSettingError(f"unknown mode {mode!r}; the modes are {choices}")
-        # e.g. "--mode chain needs a draft"
-        GenerationConfig(**engine_options(mode)).validate(has_draft)
+        options = engine_options(mode)
+        if not has_draft and needs_draft(options["mode"]):
+            raise BadSettingError(f"mode {mode!r} needs a draft model (--draft)")
+        GenerationConfig(**options).validate(has_draft)
     return list(dict.fromkeys([BASELINE, *modes]))
 
 

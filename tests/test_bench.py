@@ -24,6 +24,7 @@ from edgespec.bench import (
     ClassSummary,
     Divergence,
     available_modes,
+    checked_modes,
     cpu_generation,
     cpu_simd,
     engine_options,
@@ -171,6 +172,23 @@ def test_a_size_on_a_mode_without_one_is_refused(smol_path, tiny_suite):
     for bad in ("target:4", "chain:0", "chain:x", "chain:4:pacer", "chain:4:raw", "tree:4:nobody"):
         with pytest.raises(BadSettingError, match="bad mode"):
             run_bench(smol_path, smol_path, [bad], load_prompts(tiny_suite))
+
+
+def test_a_bad_mode_is_refused_in_the_words_of_the_mode_not_of_a_flag():
+    for mode, said in [
+        ("ngram:99999999999999999999", "the size of ngram is its draft length, from 1 to 64"),
+        ("chain:65", "the size of chain is its draft length, from 1 to 64"),
+        ("tree:1", "the size of tree is its node budget, from 2 to 128"),
+        ("tree:9:greedy:pacer", "greedy and pacer contradict"),
+        ("tree:9:adaptive:fixed", "adaptive and fixed contradict"),
+    ]:
+        with pytest.raises(BadSettingError, match=f"bad mode '{mode}': {said}"):
+            engine_options(mode)
+    with pytest.raises(BadSettingError, match="mode 'chain:4' needs a draft model"):
+        checked_modes(["chain:4"], has_draft=False)
+    # Saying a word twice, or words that agree, is no contradiction.
+    assert engine_options("tree:9:pacer:pacer")["scheduler"] == "pacer"
+    assert engine_options("tree:9:llmcad:adaptive")["adaptive_alpha"] is True
 
 
 def test_each_class_summarises_every_mode_over_its_prompts(report):

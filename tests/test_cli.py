@@ -432,6 +432,20 @@ def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsy
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
 
 
+def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,chain:4")
+    one_line_error(code, err, "mode 'chain:4' needs a draft model (--draft)")
+
+
+def test_a_bench_runs_and_lists_a_mode_named_twice_once(capsys, smol_path):
+    args = ["--modes", "target,ngram,ngram", "--classes", "chat", "--repeats", "1", "-n", "4"]
+    code, out, err = cli(capsys, "bench", "-m", str(smol_path), *args)
+    assert code == 0, err
+    assert "benchmarking target, ngram on" in err
+    rows = [line.lstrip("│ ").split(" ")[0] for line in out.splitlines()]
+    assert rows.count("ngram") == rows.count("target") == 2  # its table's row, its chart's bar
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--modes", ""), ("--classes", " , ")])
 def test_a_bench_of_no_modes_or_no_classes_is_one_clear_line_not_all_of_them(
     capsys, smol_path, flag, value
