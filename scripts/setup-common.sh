@@ -36,9 +36,24 @@ memory_mib() {
 	echo 0
 }
 
+# check_model FLAG NAME: NAME is in the catalogue (models/manifest.toml), or FLAG fails now, not
+# at the fetch after half an hour of building.
+check_model() {
+	local flag="$1" name="$2" known
+	[[ $flag == --draft && $name == none ]] && return 0
+	grep -qxF "[\"$name\"]" "$REPO/models/manifest.toml" && return 0
+	known="$(sed -n 's/^\["\(.*\)"\]$/\1/p' "$REPO/models/manifest.toml" | paste -sd, - | sed 's/,/, /g')"
+	die "$flag $name: no such model in the catalogue (it has $known)"
+}
+
 # Sets TARGET and DRAFT (empty unless given) and DRY_RUN from the command line.
 parse_options() {
 	TARGET="" DRAFT=""
+	case "${DRY_RUN,,}" in # DRY_RUN=true is a dry run too, not a real one
+	1 | true | yes | on) DRY_RUN=1 ;;
+	0 | false | no | off | "") DRY_RUN=0 ;;
+	*) die "DRY_RUN must be 1 or 0 (got $DRY_RUN)" ;;
+	esac
 	while (($#)); do
 		case "$1" in
 		--dry-run) DRY_RUN=1 ;;
@@ -54,6 +69,8 @@ parse_options() {
 		shift
 	done
 	[[ -f $REPO/pyproject.toml ]] || die "no pyproject.toml in $REPO: run this script from an edgespec checkout"
+	[[ -n $TARGET ]] && check_model --target "$TARGET"
+	[[ -n $DRAFT ]] && check_model --draft "$DRAFT"
 	[[ $DRY_RUN == 1 ]] && say "dry run: showing the steps, changing nothing"
 	return 0
 }

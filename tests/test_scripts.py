@@ -124,6 +124,30 @@ def test_dry_run_is_also_asked_for_by_the_environment(sandbox):
     assert "would run:" in done.stdout
 
 
+@pytest.mark.parametrize("value", ["true", "yes", "ON"])
+def test_dry_run_in_words_is_a_dry_run_too(sandbox, tmp_path, value):
+    before = files_under(tmp_path)
+    done = run_script("rpi-setup.sh", env={**sandbox, "DRY_RUN": value})
+    assert done.returncode == 0, done.stderr
+    assert "would run:" in done.stdout and files_under(tmp_path) == before
+
+
+def test_a_dry_run_value_that_means_nothing_is_refused(sandbox):
+    done = run_script("rpi-setup.sh", env={**sandbox, "DRY_RUN": "maybe"})
+    assert done.returncode == 1
+    assert done.stderr == "error: DRY_RUN must be 1 or 0 (got maybe)\n" and done.stdout == ""
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+@pytest.mark.parametrize("flag", ["--target", "--draft"])
+def test_a_model_not_in_the_catalogue_is_refused_before_any_step(script, flag, sandbox, tmp_path):
+    before = files_under(tmp_path)
+    done = run_script(script, flag, "qwen-7b", env=sandbox)  # not a dry run: nothing may start
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {flag} qwen-7b: no such model in the catalogue (it has")
+    assert "qwen2.5-coder-0.5b" in done.stderr and files_under(tmp_path) == before
+
+
 def test_the_termux_build_turns_openmp_off(sandbox):
     done = run_script("termux-setup.sh", "--dry-run", env=sandbox)
     assert "-DGGML_OPENMP=OFF" in done.stdout
