@@ -108,7 +108,9 @@ def resolve_model(value: str | None, default: str | None) -> Path | None:
     path = Path(name).expanduser()
     if path.exists() or name not in catalogue.specs():
         if not path.exists():
-            raise ModelFileError(f"model file not found: {name}")
+            from edgespec.gguf_info import missing_model  # here: it imports numpy
+
+            raise missing_model(name)
         return path
     return catalogue.local_path(name) or fetch_with_progress(name, err)
 

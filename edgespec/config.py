@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import get_args, get_type_hints
 
 from edgespec.errors import BadSettingError
+from edgespec.files import user_home
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,7 +96,7 @@ def config_dir() -> Path:
         return Path(home).expanduser()
     xdg = os.environ.get("XDG_CONFIG_HOME", "")
     # The XDG spec says to ignore a relative XDG_CONFIG_HOME.
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".config"
+    base = Path(xdg) if os.path.isabs(xdg) else user_home() / ".config"
     return base / "edgespec"
 
 

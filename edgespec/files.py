@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import time
@@ -11,6 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import BadSettingError
+
+
+def user_home() -> Path:
+    """$HOME, or the password database's home when HOME is empty: Path.home() makes an empty HOME
+    "/", which put the models under /.cache."""
+    if home := os.environ.get("HOME"):
+        return Path(home)
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        raise BadSettingError("HOME is empty and the user has no home: set EDGESPEC_HOME") from None
 
 
 def regular_destination(path: Path) -> Path:

@@ -6,9 +6,11 @@ not crash the native loader. The reader also gives what the pairing check and `i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,11 +194,28 @@ class _Header:
         return value if isinstance(value, kind) else None
 
 
+def missing_model(name: str | Path) -> ModelFileError:
+    """The error for a model path that does not lead to a file, saying why where "not found" would
+    mislead: a dangling link, a loop of links, a folder on the way that may not be entered."""
+    path = Path(name).expanduser()
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return ModelFileError(f"model file {name} is a loop of symbolic links")
+        if e.errno == errno.EACCES:
+            return ModelFileError(f"cannot reach model file {name}: permission denied")
+        if e.errno == errno.ENOENT and path.is_symlink():
+            target = os.readlink(path)
+            return ModelFileError(f"model file {name} is a link to {target}, which is not there")
+    return ModelFileError(f"model file not found: {name}")
+
+
 def read_gguf(path: str | Path) -> GGUFInfo:
     """Check that `path` is a complete, readable GGUF and summarise it (raises ModelFileError)."""
     path = Path(path)
     if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
+        raise missing_model(path)
     if not path.is_file():
         raise ModelFileError(f"not a file: {path}")
     size = path.stat().st_size

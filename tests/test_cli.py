@@ -357,6 +357,20 @@ def test_a_missing_model_file_is_one_clear_line(capsys, tmp_path):
     one_line_error(code, err, "not found", "nope.gguf")
 
 
+@pytest.mark.parametrize("command", ["run", "inspect"])
+def test_a_model_path_that_leads_nowhere_says_why(capsys, tmp_path, command):
+    (tmp_path / "loop.gguf").symlink_to("loop.gguf")
+    (tmp_path / "moved.gguf").symlink_to(tmp_path / "gone.gguf")
+
+    def naming(model: Path) -> list[str]:
+        return ["-m", str(model), "hi"] if command == "run" else [str(model)]
+
+    code, _, err = cli(capsys, command, *naming(tmp_path / "loop.gguf"))
+    one_line_error(code, err, f"model file {tmp_path}/loop.gguf is a loop of symbolic links")
+    code, _, err = cli(capsys, command, *naming(tmp_path / "moved.gguf"))
+    one_line_error(code, err, f"is a link to {tmp_path}/gone.gguf, which is not there")
+
+
 def test_a_file_that_is_not_gguf_is_one_clear_line(capsys, tmp_path):
     bogus = tmp_path / "model.gguf"
     bogus.write_text("this is not a model\n" * 10)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from edgespec import catalogue
+from edgespec.config import config_dir
 from edgespec.errors import BadSettingError
-from edgespec.files import LEFTOVER_AGE_S, written_into_place
+from edgespec.files import LEFTOVER_AGE_S, user_home, written_into_place
 
 
 def test_the_file_appears_whole_once_the_block_ends(tmp_path):
@@ -74,3 +78,16 @@ def test_a_link_is_written_through_and_a_pipe_is_never_replaced(tmp_path):
     with pytest.raises(BadSettingError, match="is not a regular file"), written_into_place(fifo):
         pass
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_an_empty_home_means_the_users_own_not_the_root_folder(monkeypatch):
+    """Path.home() makes HOME="" the root folder: the models went to /.cache."""
+    own = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    monkeypatch.setenv("HOME", "")
+    monkeypatch.delenv("EDGESPEC_HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert user_home() == own
+    assert catalogue.home() == own / ".cache" / "edgespec"
+    assert config_dir() == own / ".config" / "edgespec"
+    monkeypatch.setenv("HOME", "/somewhere")
+    assert catalogue.home() == Path("/somewhere/.cache/edgespec")
