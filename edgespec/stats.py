@@ -103,17 +103,19 @@ class Stats:
         return max(self.decode_s - self.native_s, 0.0) * 1000 / self.target_passes
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted; None when nothing was drafted (no rate, not a rate of 0)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def verifications(self) -> int:
         return sum(self.accepted_hist)
 
     @property
-    def mean_accepted(self) -> float:
-        """Accepted proposed tokens per verification (the target's own token not counted)."""
-        return self.accepted_tokens / self.verifications if self.verifications else 0.0
+    def mean_accepted(self) -> float | None:
+        """Accepted proposed tokens per verification (the target's own token not counted); None
+        without a verification."""
+        return self.accepted_tokens / self.verifications if self.verifications else None
 
     def record_verification(self, proposed: int, accepted: int) -> None:
         self.draft_tokens += proposed
@@ -133,8 +135,8 @@ class Stats:
         out["tree"] = self.tree.to_dict() if self.tree else None
         out.update(
             tokens_per_s=round(self.tokens_per_s, 2),
-            acceptance_rate=round(self.acceptance_rate, 4),
-            mean_accepted=round(self.mean_accepted, 3),
+            acceptance_rate=_rounded(self.acceptance_rate, 4),
+            mean_accepted=_rounded(self.mean_accepted, 3),
             verifications=self.verifications,
             prefill_s=round(self.prefill_s, 4),
             decode_s=round(self.decode_s, 4),
@@ -153,7 +155,8 @@ class Stats:
         )
         if self.draft_tokens:
             line += (
-                f", acceptance {self.acceptance_rate:.0%}, mean accepted {self.mean_accepted:.2f}"
+                f", acceptance {self.accepted_tokens / self.draft_tokens:.0%}"
+                f", mean accepted {self.accepted_tokens / self.verifications:.2f}"
                 f", {self.target_passes} target passes"
             )
         if self.pipelined_evals:
@@ -176,3 +179,7 @@ class Stats:
                 f" (now {now})"
             )
         return line
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

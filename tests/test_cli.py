@@ -106,6 +106,9 @@ def test_run_with_only_a_target_needs_no_draft(capsys, smol_path):
     code, out, _ = cli(capsys, "run", "-m", str(smol_path), "-n", "5", "--json", "Hi")
     stats = json.loads(out)["stats"]
     assert code == 0 and stats["mode"] == "auto" and stats["draft_evals"] == 0
+    # Nothing drafted has no acceptance rate: null, not a rate of 0 %.
+    assert stats["draft_tokens"] == 0
+    assert stats["acceptance_rate"] is None and stats["mean_accepted"] is None
 
 
 def test_run_in_each_mode_reports_it(capsys, smol_path):
