@@ -21,6 +21,7 @@ from edgespec.profile import (
     NOISY,
     DeviceProfile,
     load_profile,
+    measuring_alone,
     profile_model,
     profiles_dir,
     save_pipeline_speedup,
@@ -104,7 +105,10 @@ def profile(
 
     def measure(path: Path, n_threads: int, cpus: list[int]) -> tuple[DeviceProfile, Path | None]:
         where = format_cpu_list(cpus)
-        with status.status(f"measuring {path.name} on {n_threads} threads, CPUs {where}"):
+        with (
+            measuring_alone(status.print),
+            status.status(f"measuring {path.name} on {n_threads} threads, CPUs {where}"),
+        ):
             pinned = where if needs_pinning(cpus) else None  # as `run` pins
             measured = profile_model(path, n_threads, cpus=pinned, quick=quick)
         stored = load_profile(path, n_threads, where)
@@ -123,7 +127,10 @@ def profile(
     draft_cost = draft_profile.step_s / target_profile.step_s if draft_profile else None
     overlap_report = None
     if overlap:
-        with status.status("timing serial and pipelined chain rounds"):
+        with (
+            measuring_alone(status.print),
+            status.status("timing serial and pipelined chain rounds"),
+        ):
             overlap_report = measure_overlap(target_path, draft_path, *split)
         # Each model on its share, one thread per CPU: as `run` places them with these CPUs.
         target_share, draft_share = split

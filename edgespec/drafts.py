@@ -32,7 +32,7 @@ from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
 from .errors import ModelFileError
 from .files import written_into_place
-from .profile import alternating_steps
+from .profile import alternating_steps, measuring_alone
 
 CHEAP_TYPE = "Q4_0"
 # Copies an earlier edgespec made, with llama.cpp's default output matrix: removed when the
@@ -89,6 +89,13 @@ def fastest_draft(
     on 2 cores), then read from a small record."""
     if choice := load_choice(draft, n_threads):
         return choice
+    with measuring_alone(say):
+        # Once more: a process that held the lock may have made and measured the forms.
+        return load_choice(draft, n_threads) or _measure_forms(draft, n_threads, say)
+
+
+def _measure_forms(draft: Path, n_threads: int, say: Callable[[str], None]) -> DraftChoice:
+    """Make the draft's cheaper forms where missing, time them and keep the choice."""
     copy = copy_path(draft)
     if not copy.exists():
         say(f"making a {CHEAP_TYPE} copy of the draft {draft.name}, once: {copy.name}")

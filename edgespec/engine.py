@@ -57,6 +57,7 @@ from .profile import (
     load_batch_factor,
     load_pipeline_speedup,
     load_profile,
+    measuring_alone,
     quick_profile,
     relative_cost,
     save_auto_memory,
@@ -468,27 +469,12 @@ class Engine:
             # Looked up again: a draft that is the target's file was profiled just before.
             measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
             if measured is None:
-                say(
-                    f"measuring how fast this device runs {ctx.model.path.name} (first use on "
-                    "this CPU, or a profile from an older edgespec; seconds, or a minute on a "
-                    "slow device; `edgespec profile` measures in full, and which attention is "
-                    "faster)"
-                )
-                try:
-                    measured = quick_profile(ctx, n_threads, format_cpu_list(cpus))
-                finally:  # the measurement cleared this context, even one cut short
-                    self.forget_caches()
-                if measured.noise > NOISY_QUICK:  # kept all the same: or each run measures
-                    say(
-                        f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
-                        f"varied by {measured.noise:.0%}; `edgespec profile` measures it again "
-                        "once the device is quiet)"
-                    )
-                try:
-                    save_profile(measured)
-                except OSError as e:  # a read-only or full home: this run still uses it
-                    say(f"(not kept for the next run: {e.strerror or e}: {e.filename})")
-                measured_now = True
+                with measuring_alone(say):
+                    # Once more: a process that held the lock may have measured this model.
+                    measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
+                    if measured is None:
+                        measured = self._quick_profile(ctx, n_threads, format_cpu_list(cpus), say)
+                        measured_now = True
             if role == "target":
                 if measured_now:  # passes timed before are older than this curve
                     self._batch_factor = None
@@ -502,6 +488,32 @@ class Engine:
         unknown = measured_now or self._memory.draft_cost is None
         if self.draft_ctx is not None and unknown and not self._profiles_together():
             self._time_draft_cost()
+
+    def _quick_profile(
+        self, ctx: Context, n_threads: int, cpus: str, say: Callable[[str], None]
+    ) -> DeviceProfile:
+        """Measure a quick profile of `ctx`'s model and keep it where it can be kept."""
+        say(
+            f"measuring how fast this device runs {ctx.model.path.name} (first use on "
+            "this CPU, or a profile from an older edgespec; seconds, or a minute on a "
+            "slow device; `edgespec profile` measures in full, and which attention is "
+            "faster)"
+        )
+        try:
+            measured = quick_profile(ctx, n_threads, cpus)
+        finally:  # the measurement cleared this context, even one cut short
+            self.forget_caches()
+        if measured.noise > NOISY_QUICK:  # kept all the same: or each run measures
+            say(
+                f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
+                f"varied by {measured.noise:.0%}; `edgespec profile` measures it again "
+                "once the device is quiet)"
+            )
+        try:
+            save_profile(measured)
+        except OSError as e:  # a read-only or full home: this run still uses it
+            say(f"(not kept for the next run: {e.strerror or e}: {e.filename})")
+        return measured
 
     def _govern(self) -> None:
         """A thread governor for each model, judging its decodes against its profile (its

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import BadSettingError
@@ -102,3 +103,26 @@ def _running(pid: int) -> bool:
     except OSError:  # another user's process (EPERM): it is running
         return True
     return True
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Holds `lock` (a file, made if missing) against every other process asking for it, calling
+    `on_wait` first if one holds it; the kernel lets go when the holder exits, however it ends.
+    Where no lock file can be made (a read-only folder), holds nothing."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)

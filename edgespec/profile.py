@@ -14,7 +14,8 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import cached_property
@@ -34,7 +35,7 @@ from .cores import (
     parse_cpu_list,
 )
 from .errors import BadSettingError
-from .files import written_into_place
+from .files import exclusive, written_into_place
 
 # Every size: auto verifies passes only of sizes measured here (policy.Costs.sizes), and the
 # curve is not smooth (on a Zen 4 here T(15) 10.2, T(16) 8.2, T(17) 10.2 steps).
@@ -321,6 +322,16 @@ def profiles_dir() -> Path:
     from a Zen 5 to a Zen 4, where a pass of 16 tokens cost 8.4 plain steps instead of 5.3):
     there nothing is found and everything is measured afresh."""
     return home() / "profiles" / re.sub(r"[^A-Za-z0-9.+-]+", "_", cpu_identity()).strip("_")
+
+
+def measuring_alone(say: Callable[[str], None]) -> AbstractContextManager[None]:
+    """Held while this process measures the device or makes a model's first-use files: processes
+    started together measured each other's load into their profiles, and each made the same
+    copies. The next one waits, then finds what the first measured or made."""
+    return exclusive(
+        home() / "measuring.lock",
+        lambda: say("another edgespec is measuring this device or preparing a model: waiting"),
+    )
 
 
 def profile_key(model_file: str, model_size: int, n_threads: int, cpus: str) -> str:

@@ -28,6 +28,7 @@ from edgespec.cores import cpu_identity, format_cpu_list, plan_placement
 from edgespec.drafts import DraftChoice, choice_path, copy_path
 from edgespec.engine import MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
+from edgespec.files import exclusive
 from edgespec.profile import (
     ATTENTION_MARGIN,
     DEFAULT_RELATIVE,
@@ -617,6 +618,27 @@ def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
     assert len(measuring) == 1 and smol_path.name in measuring[0]
     assert "older edgespec" in measuring[0]
     assert json.loads(stored.read_text())["method"] == PROFILE_METHOD
+
+
+def test_runs_started_together_measure_the_device_one_at_a_time_and_once(home, smol_path):
+    """Each measured the other's load into its profile, and both did the same work. Here both
+    wait while the lock is held (as another edgespec's profile would hold it), then one measures
+    and the other uses what it measured."""
+    run = [sys.executable, "-m", "edgespec.cli", "run", "-m", str(smol_path), "-n", "4", "Hi"]
+    with exclusive(home / "measuring.lock"):
+        runs = [
+            subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        for process in runs:
+            assert process.stderr is not None
+            line = ""
+            while "waiting" not in line:  # each said so and is waiting
+                line = process.stderr.readline()
+                assert line, process.communicate(timeout=60)
+    said = [process.communicate(timeout=300)[1] for process in runs]
+    assert [process.returncode for process in runs] == [0, 0], said
+    assert sum("measuring how fast this device runs" in err for err in said) == 1, said
 
 
 def test_a_first_use_profile_cut_short_leaves_the_engine_knowing_its_caches_are_empty(
