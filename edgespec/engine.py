@@ -352,12 +352,14 @@ class Engine:
         self.draft = draft
         # T(k)/T(1) of the target on this device: its stored profile, else a measured default.
         self._price_passes_by(
-            load_profile(target.path, threads, format_cpu_list(self.placement.target_cpus))
+            load_profile(target.path, threads, format_cpu_list(self.placement.target_cpus), n_ctx)
         )
         # The draft's step time, if `edgespec profile` measured it: auto mode can then tell
         # whether drafting can pay here before trying it.
         self.draft_profile = (
-            load_profile(draft.path, draft_threads, format_cpu_list(self.placement.draft_cpus))
+            load_profile(
+                draft.path, draft_threads, format_cpu_list(self.placement.draft_cpus), n_ctx
+            )
             if draft
             else None
         )
@@ -467,11 +469,12 @@ class Engine:
             roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
         for role, ctx, n_threads, cpus in roles:
             # Looked up again: a draft that is the target's file was profiled just before.
-            measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
+            key = (ctx.model.path, n_threads, format_cpu_list(cpus), ctx.n_ctx)
+            measured = load_profile(*key)
             if measured is None:
                 with measuring_alone(say):
                     # Once more: a process that held the lock may have measured this model.
-                    measured = load_profile(ctx.model.path, n_threads, format_cpu_list(cpus))
+                    measured = load_profile(*key)
                     if measured is None:
                         measured = self._quick_profile(ctx, n_threads, format_cpu_list(cpus), say)
                         measured_now = True

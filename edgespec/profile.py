@@ -355,11 +355,12 @@ def save_profile(profile: DeviceProfile) -> Path:
 
 
 def load_profile(
-    model_path: str | Path, n_threads: int, cpus: str | None = None
+    model_path: str | Path, n_threads: int, cpus: str | None = None, n_ctx: int | None = None
 ) -> DeviceProfile | None:
     """The saved profile of this model file, thread count and CPU set (default: this thread's
     CPUs), or None if there is none, or it is unreadable, does not match or was measured the old
-    way (PROFILE_METHOD): never an error."""
+    way (PROFILE_METHOD) or at fewer sizes than a context of `n_ctx` tokens (any) has passes
+    of: never an error."""
     model_path = Path(model_path)
     try:
         size = model_path.stat().st_size
@@ -377,8 +378,11 @@ def load_profile(
         return None
     if profile.method < PROFILE_METHOD:
         return None  # measured the old way: measure again, and the next save replaces it
-    if not set(QUICK_KS) <= set(profile.ks):
-        return None  # measured at fewer sizes than edgespec verifies at now: as above
+    # Measured at fewer sizes than edgespec verifies at now: as above. A profile measured in a
+    # small context (`-c 16`: no pass of 32 fits) serves a context as small, or each run
+    # measured it again.
+    if not {k for k in QUICK_KS if n_ctx is None or k <= n_ctx} <= set(profile.ks):
+        return None
     return profile
 
 

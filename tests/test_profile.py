@@ -134,13 +134,15 @@ def test_quick_profile_measures_the_quick_sizes_and_labels_the_model(smol_ctx, s
 def test_a_quick_profile_fits_a_small_context(home, smol_ctx, smol_path, n_ctx, ks):
     """`run -c 64` on first use measured a profile its context could not hold (a prefix of 64
     and a pass of 32) and stopped with the measurement's error. The prefix shrinks to fit; what
-    cannot fit at all is left out, so the next run, in a larger context, measures it again."""
+    cannot fit at all is left out, so the next run in a larger context measures it again, and a
+    run in a context as small finds it (each `-c 16` run measured it again)."""
     small = Context(smol_ctx.model, n_ctx=n_ctx, n_threads=2)
     p = quick_profile(small, n_threads=2, cpus="0-1")
     assert p.ks == list(ks)
     save_profile(p)
-    stored = load_profile(smol_path, n_threads=2, cpus="0-1")
-    assert (stored is not None) == (set(QUICK_KS) <= set(ks))
+    in_any_context = load_profile(smol_path, n_threads=2, cpus="0-1")
+    assert (in_any_context is not None) == (set(QUICK_KS) <= set(ks))
+    assert load_profile(smol_path, n_threads=2, cpus="0-1", n_ctx=n_ctx) == p
 
 
 def test_profile_model_can_pin_the_measurement_to_a_cpu_set(smol_path):
