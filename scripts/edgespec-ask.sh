@@ -2,15 +2,18 @@
 # Ask edgespec one question from a shell script: the answer goes to stdout, one line of
 # statistics to stderr. An example of scripting edgespec through `edgespec run --json`.
 #
-# Usage: edgespec-ask.sh [-n TOKENS] QUESTION...
+# Usage: edgespec-ask.sh [-n TOKENS] [--] QUESTION...
 #        some-command | edgespec-ask.sh [-n TOKENS]
-#   -n TOKENS   tokens to generate at most [default: 256]
+#   -n TOKENS   tokens to generate at most [default: edgespec run's: max_tokens in config.toml
+#               or EDGESPEC_MAX_TOKENS, else 256]
+#   --          what follows is the question, even if it starts with "-"
 # Environment: EDGESPEC, the edgespec command [default: edgespec on PATH]
 # When edgespec fails, its one-line `error: ...` shows on stderr and its exit code is returned;
-# Ctrl+C stops the answer, shows what came of it so far and exits 130.
+# Ctrl+C or SIGTERM (`kill`, `timeout`) stops the answer, shows what came of it so far and
+# exits 130.
 set -euo pipefail
 
-# Besides shell builtins this needs edgespec and one JSON reader: python3, or else jq.
+# Besides shell builtins, mktemp and rm this needs edgespec and one JSON reader: python3, or jq.
 READ_JSON_PY='
 import json, sys
 result = json.load(sys.stdin)
@@ -30,12 +33,12 @@ fail() {
 	exit "${2:-1}"
 }
 
-tokens=256
+limit=() # none: edgespec's own, which config.toml or EDGESPEC_MAX_TOKENS may set
 while (($#)); do
 	case "$1" in
 	-n)
 		[[ ${2:-} =~ ^[1-9][0-9]*$ ]] || fail "-n needs a whole number of tokens, got '${2:-}'" 2
-		tokens="$2"
+		limit=(-n "$2")
 		shift 2
 		;;
 	-h | --help) usage && exit 0 ;;
@@ -68,11 +71,22 @@ fi
 
 # The question travels on stdin ("-"), so that no length or quoting limit of arguments applies.
 # edgespec's stderr is not captured: its error line, if any, reaches the caller unchanged.
-# Ctrl+C reaches edgespec too, which stops and still prints the answer so far (exit 130): this
-# shell waits for it and shows that answer rather than dying at once and losing it.
-trap : INT
+# edgespec runs in the background so that a SIGTERM sent to this shell alone (`kill`) reaches it
+# too, as Ctrl+C does: it stops and still prints the answer so far (exit 130), which this shell
+# waits for and shows rather than dying at once and losing it (or leaving edgespec running).
+# A background command does not hear Ctrl+C itself, so the trap passes both on as SIGTERM,
+# which edgespec takes as Ctrl+C.
+answer="$(mktemp)"
+trap 'rm -f "$answer"' EXIT
+printf '%s\n' "$question" | "$edgespec" run --json ${limit[@]+"${limit[@]}"} - >"$answer" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null || true' INT TERM
+while kill -0 "$pid" 2>/dev/null; do
+	wait "$pid" || true # returns early when a signal is trapped; edgespec may still be at work
+done
 status=0
-result="$(printf '%s\n' "$question" | "$edgespec" run --json -n "$tokens" -)" || status=$?
+wait "$pid" || status=$? # its exit status, kept by the shell
+result="$(<"$answer")"
 ((status == 0)) || [[ $status == 130 && -n $result ]] || exit "$status"
 
 if [[ $reader == python3 ]]; then

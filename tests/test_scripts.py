@@ -279,7 +279,8 @@ def test_ask_reads_the_question_from_stdin(fake, tmp_path):
     done = run_script(ASK, env=fake, stdin="Why is the sky blue?\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == ANSWER + "\n"
-    assert (tmp_path / "args").read_text() == "run --json -n 256 -\n"
+    # No -n: edgespec's own limit, which config.toml or EDGESPEC_MAX_TOKENS may set.
+    assert (tmp_path / "args").read_text() == "run --json -\n"
     assert (tmp_path / "stdin").read_text() == "Why is the sky blue?\n"
 
 
@@ -293,8 +294,10 @@ def test_ask_passes_on_edgespecs_error_line_and_exit_code(fake, exit_code):
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
 def test_ask_reads_the_json_with_jq_when_there_is_no_python3(fake, tmp_path):
-    # A PATH of the fake edgespec and jq alone: the script needs nothing else.
-    (tmp_path / "bin" / "jq").symlink_to(shutil.which("jq"))
+    # A PATH of the fake edgespec, jq and the file for the answer's mktemp and rm: the script
+    # needs nothing else.
+    for command in ("jq", "mktemp", "rm"):
+        (tmp_path / "bin" / command).symlink_to(shutil.which(command))
     done = run_script(ASK, "hello", env={**fake, "PATH": str(tmp_path / "bin")})
     assert done.returncode == 0, done.stderr
     assert done.stdout == ANSWER + "\n"
@@ -324,7 +327,9 @@ def test_ask_usage_errors_exit_2(fake, args, stdin, message):
 # Stands in for edgespec interrupted mid-answer: says it is generating, then on Ctrl+C prints
 # the answer so far and exits 130, as `edgespec run --json` does.
 INTERRUPTED_EDGESPEC = f"""#!{sys.executable}
-import json, os, pathlib, sys, time
+import json, os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as edgespec takes it
+pathlib.Path(os.environ["FAKE_DIR"], "pid").write_text(str(os.getpid()))
 pathlib.Path(os.environ["FAKE_DIR"], "generating").touch()
 try:
     time.sleep(60)
@@ -336,7 +341,11 @@ except KeyboardInterrupt:
 """
 
 
-def test_ask_interrupted_shows_the_answer_so_far_and_exits_130(fake, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl+c", "sigterm"])
+def test_ask_interrupted_shows_the_answer_so_far_and_exits_130(fake, tmp_path, how):
+    """Ctrl+C signals the script and edgespec together (the terminal's process group); a
+    SIGTERM (`kill`, `timeout`) the script alone, which lost the answer and left edgespec
+    running on."""
     (tmp_path / "bin" / "edgespec").write_text(INTERRUPTED_EDGESPEC)
     # Its own process group, as a terminal's Ctrl+C signals the script and edgespec together.
     script = subprocess.Popen(
@@ -351,8 +360,13 @@ def test_ask_interrupted_shows_the_answer_so_far_and_exits_130(fake, tmp_path):
     deadline = time.monotonic() + 30
     while not (tmp_path / "generating").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(script.pid, signal.SIGINT)
+    if how == "ctrl+c":
+        os.killpg(script.pid, signal.SIGINT)
+    else:
+        script.send_signal(signal.SIGTERM)
     out, err = script.communicate(timeout=30)
     assert script.returncode == 130, err
     assert out == "A palindrome\n"
     assert err.startswith("interrupted\n")
+    with pytest.raises(ProcessLookupError):  # edgespec ended too
+        os.kill(int((tmp_path / "pid").read_text()), 0)
