@@ -12,21 +12,29 @@ $(BIN)/edgespec: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# llama-cpp-python compiles llama.cpp here (about 6 minutes on 2 cores; pip caches the wheel)
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $@
+	touch $@ $(VENV)/.dev
 
 install: $(BIN)/edgespec
+
+# The test tools, also where scripts/*-setup.sh made the venv (edgespec without them).
+$(VENV)/.dev: $(BIN)/edgespec
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
 
 models: install
 	$(BIN)/edgespec models fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
+# The prompt reaches the shell through the environment, as typed: make would expand its $s and
+# its quotes would end the recipe's.
+demo: export EDGESPEC_DEMO_PROMPT = $(value PROMPT)
 demo: models
-	$(BIN)/edgespec run -n 128 "$(PROMPT)"
+	$(BIN)/edgespec run -n 128 "$$EDGESPEC_DEMO_PROMPT"
 
-test: install
+test: $(VENV)/.dev
 	$(BIN)/edgespec models fetch smollm2-135m
 	$(BIN)/python -m pytest -q
 
-lint: install
+lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	shellcheck scripts/*.sh

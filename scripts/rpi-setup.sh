@@ -13,11 +13,13 @@
 # Environment:
 #   EDGESPEC_VENV    where the virtual environment goes [default: <checkout>/.venv, as for `make`]
 #   CMAKE_ARGS       llama.cpp build options, replacing the ones chosen below
-#   EDGESPEC_UNAME_M, EDGESPEC_LONG_BIT, EDGESPEC_MEM_MIB
-#                    pretend `uname -m`, `getconf LONG_BIT` or the memory size said this (tests)
+#   EDGESPEC_UNAME_M, EDGESPEC_LONG_BIT, EDGESPEC_MEM_MIB, EDGESPEC_NPROC
+#                    pretend `uname -m`, `getconf LONG_BIT`, the memory size or `nproc` said
+#                    this (tests)
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The physical path (-P): edgespec installed from it is found under it through a symlink too.
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 VENV="${EDGESPEC_VENV:-$REPO/.venv}"
 DRY_RUN="${DRY_RUN:-0}"
 SYSTEM_PACKAGES=(python3-venv python3-dev cmake build-essential git)

@@ -13,6 +13,15 @@ die() {
 # The running script's header comment, from its second line to `set -euo`.
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
+usage_error() {
+	printf 'error: %s\n\n' "$1" >&2
+	usage >&2
+	exit 2
+}
+
+# CPUs this process may run on (EDGESPEC_NPROC pretends, for tests).
+cpu_count() { echo "${EDGESPEC_NPROC:-$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)}"; }
+
 # Runs a command, or with --dry-run only shows it, quoted so that it can be pasted into a shell.
 run() {
 	if [[ $DRY_RUN == 1 ]]; then
@@ -57,14 +66,13 @@ parse_options() {
 	while (($#)); do
 		case "$1" in
 		--dry-run) DRY_RUN=1 ;;
-		--target) TARGET="${2:?--target needs a model name}" && shift ;;
-		--draft) DRAFT="${2:?--draft needs a model name}" && shift ;;
-		-h | --help) usage && exit 0 ;;
-		*)
-			printf 'error: unknown option %s\n\n' "$1" >&2
-			usage >&2
-			exit 2
+		--target | --draft)
+			[[ -n ${2:-} && ${2} != -* ]] || usage_error "$1 needs a model name"
+			if [[ $1 == --target ]]; then TARGET="$2"; else DRAFT="$2"; fi
+			shift
 			;;
+		-h | --help) usage && exit 0 ;;
+		*) usage_error "unknown option $1" ;;
 		esac
 		shift
 	done
@@ -154,7 +162,7 @@ fetch_and_profile() {
 	fi
 	draft="${draft:-none}" # as in `edgespec run`: a chosen target has no draft unless one is named
 	local models=("$target")
-	[[ $draft != none ]] && models+=("$draft")
+	[[ $draft != none && $draft != "$target" ]] && models+=("$draft")
 
 	say "models: ${models[*]}"
 	local model
@@ -173,8 +181,9 @@ fetch_and_profile() {
 	# chat with the same CPUs use it). The default pair unnamed, as `run` is told to use it below:
 	# then the draft profiled is the one run uses, the default one in its fastest form here (made
 	# now, once), not the file fetched.
+	# The pipeline gives the draft CPUs of its own: a device with one CPU has none to give.
 	local measure=(--quick)
-	[[ $draft != none ]] && measure+=(--overlap)
+	[[ $draft != none ]] && (($(cpu_count) >= 2)) && measure+=(--overlap)
 	((default_pair)) || measure+=("${pair[@]}")
 	say "a quick profile of this device (how much a verification pass costs here)"
 	if [[ $DRY_RUN == 1 && ! -x $edgespec ]]; then

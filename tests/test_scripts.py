@@ -246,6 +246,45 @@ def test_run_from_the_checkout_an_empty_venv_still_gets_edgespec(sandbox, tmp_pa
     assert f"pip install -e {SCRIPTS.parent}" in done.stdout
 
 
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a venv")
+def test_a_checkout_reached_through_a_link_is_still_the_one_installed(sandbox, tmp_path):
+    """edgespec's files are found under the checkout's real path: through a link the install
+    was made again at every run."""
+    (tmp_path / "link").symlink_to(SCRIPTS.parent)
+    sandbox["EDGESPEC_VENV"] = sys.prefix
+    linked = tmp_path / "link" / "scripts" / "rpi-setup.sh"
+    done = subprocess.run(
+        [BASH, str(linked), "--dry-run"], env=sandbox, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "already done: edgespec is installed from this checkout" in done.stdout
+
+
+def test_on_one_cpu_the_pipeline_is_not_measured(sandbox):
+    """It gives the draft CPUs of its own: `profile --overlap` refuses one CPU, and the set-up
+    ended with that error after everything was done."""
+    done = run_script("rpi-setup.sh", "--dry-run", env={**sandbox, "EDGESPEC_NPROC": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "profile --quick\n" in done.stdout and "--overlap" not in done.stdout
+
+
+def test_a_model_that_is_its_own_draft_is_fetched_once(sandbox):
+    pair = ("--target", "smollm2-135m", "--draft", "smollm2-135m")
+    done = run_script("rpi-setup.sh", "--dry-run", *pair, env=sandbox)
+    assert done.returncode == 0, done.stderr
+    assert "models: smollm2-135m\n" in done.stdout
+    assert done.stdout.count("models fetch smollm2-135m") == 1
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+@pytest.mark.parametrize("args", [["--target"], ["--draft", "--dry-run"]])
+def test_a_model_flag_without_a_name_is_a_usage_error(script, args, sandbox):
+    done = run_script(script, *args, env=sandbox)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {args[0]} needs a model name\n")
+    assert "Usage:" in done.stderr
+
+
 @pytest.mark.parametrize("script", SETUP_SCRIPTS)
 def test_an_unknown_option_is_a_usage_error(script, sandbox):
     done = run_script(script, "--fast", env=sandbox)
