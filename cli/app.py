@@ -133,6 +133,19 @@ def resolve_draft(settings: Settings) -> Path | None:
     return choice.path(fetched.parent)
 
 
+def check_unused_draft(name: str, target: Path) -> None:
+    """A draft named for a mode that uses none is not loaded, but checked as one that is: a
+    typo or a draft of another vocabulary passed unseen (a catalogue draft not fetched yet is
+    not fetched for it)."""
+    from edgespec.gguf_info import check_pair, read_gguf
+
+    path: Path | None = Path(name).expanduser()
+    if not path.exists() and name in catalogue.specs():
+        path = catalogue.local_path(name)
+    if path is not None:
+        check_pair(read_gguf(path), read_gguf(target))
+
+
 def draft_named_or_default(settings: Settings) -> bool:
     """Whether the settings give a draft (resolve_draft): one named, or the default pair's."""
     return settings.draft is not None or settings.target is None
@@ -219,6 +232,8 @@ def load_engine(
     # target and ngram never use a draft: none is loaded for them, unless named for later
     if settings.mode not in ("target", "ngram") or (named_draft and settings.draft is not None):
         draft_path = resolve_draft(settings)
+    elif settings.draft is not None:
+        check_unused_draft(settings.draft, target_path)
     engine = edgespec.load(
         target_path,
         draft_path,

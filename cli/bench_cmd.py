@@ -100,6 +100,8 @@ def bench(
     from .app import DEFAULT_TARGET, check_destination, resolve, resolve_draft, resolve_model
 
     SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
+    if repeats < 1:
+        raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
     if json_out is not None:  # so does a file that cannot be written: not after an hour's run
         json_out = check_destination(json_out, prompts)
     for flag, value in (("--modes", modes), ("--classes", classes)):

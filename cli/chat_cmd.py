@@ -27,7 +27,6 @@ from . import options as opt
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
     from edgespec.conversation import Conversation
     from edgespec.engine import Engine
-    from edgespec.stats import Stats
 
 SETTABLE = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens", "mode", "draft_max")
 AUTO_SETTABLE = ("seed", "mode", "draft_max")  # `/set NAME auto` gives the choice back
@@ -220,8 +219,9 @@ class Repl:
         sys.stdout.flush()
         stats = self.conversation.last_stats
         if stats is not None:
+            # As /show counts it: the answer's turn ended, as the next prompt will hold it.
             n_ctx = self.conversation.engine.n_ctx
-            summary = f"{stats.summary()}, context {context_used(stats, n_ctx)}/{n_ctx}"
+            summary = f"{stats.summary()}, context {self.conversation.context_used()}/{n_ctx}"
             err.print(f"[dim]{summary}[/dim]", soft_wrap=True)
         self.catch_up_while_idle()
 
@@ -340,14 +340,8 @@ class Repl:
         if stats is None:
             raise BadSettingError("no answer yet")
         out = stats.to_dict()
-        out["n_ctx_used"] = context_used(stats, self.conversation.engine.n_ctx)
+        out["n_ctx_used"] = self.conversation.context_used()
         print(json.dumps(out))
-
-
-def context_used(stats: Stats, n_ctx: int) -> int:
-    """The context's tokens in use after an answer. Its last token is decided, never evaluated:
-    at a full context, prompt + answer is one more than the context holds."""
-    return min(stats.n_prompt_tokens + stats.n_generated, n_ctx)
 
 
 def shown(name: str, value: object) -> str:

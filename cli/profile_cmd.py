@@ -161,11 +161,14 @@ def profile(
             f"c_d = {draft_cost:.2f} target steps per draft token",
             soft_wrap=True,
         )
-    for measured in (target_profile, draft_profile):
-        if measured is not None and measured.attention_s is not None:
+    profiles = [target_profile]
+    if draft_profile is not None and draft_profile is not target_profile:  # not said twice
+        profiles.append(draft_profile)
+    for measured in profiles:
+        if measured.attention_s is not None:
             console.print(attention_line(measured), soft_wrap=True)
-    for measured in (target_profile, draft_profile):
-        if measured is not None and measured.noise > NOISY:
+    for measured in profiles:
+        if measured.noise > NOISY:
             status.print(
                 f"warning: timings of {measured.model_file} varied by {measured.noise:.0%} "
                 "(a busy machine?); measure again when it is quiet",

@@ -179,10 +179,12 @@ def engine_options(mode: str) -> dict[str, Any]:
     if not rest:
         return {"mode": name}
     size, *words = rest.split(":")
-    if name not in ("chain", "ngram", "tree") or not size.isdigit() or int(size) < 1:
+    if name not in ("chain", "ngram", "tree"):
         raise BadSettingError(
             f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
         )
+    if not size.isdigit():  # "tree:raw": the words come after a size
+        raise BadSettingError(f"bad mode {mode!r}: {name}'s size comes first, e.g. {name}:8")
     # The size's bounds are the engine's; said here in the mode's words, not a flag's.
     what, low, high = ("node budget", 2, MAX_NODES) if name == "tree" else ("draft length", 1, 64)
     if not low <= int(size) <= high:

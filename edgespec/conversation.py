@@ -173,10 +173,12 @@ class Conversation:
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context: the messages the last prompt held and
-        the answer to it (0 when it is empty)."""
+        the answer to it, with the end of its turn the next prompt adds (0 when it is empty). At
+        most the context: an answer that filled it ended before its turn did."""
         if not self.messages:
             return 0
-        return len(self.prompt_tokens(self.messages[self.in_context :], False))
+        rendered = self.prompt_tokens(self.messages[self.in_context :], False)
+        return min(len(rendered), self.engine.n_ctx)
 
     # ----- state -----------------------------------------------------------------------------
     def clear(self) -> None:

@@ -181,6 +181,8 @@ def test_a_bad_mode_is_refused_in_the_words_of_the_mode_not_of_a_flag():
         ("tree:1", "the size of tree is its node budget, from 2 to 128"),
         ("tree:9:greedy:pacer", "greedy and pacer contradict"),
         ("tree:9:adaptive:fixed", "adaptive and fixed contradict"),
+        ("tree:raw", "tree's size comes first, e.g. tree:8"),
+        ("chain:nogram", "chain's size comes first, e.g. chain:8"),
     ]:
         with pytest.raises(BadSettingError, match=f"bad mode '{mode}': {said}"):
             engine_options(mode)

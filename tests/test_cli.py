@@ -111,6 +111,21 @@ def test_run_with_only_a_target_needs_no_draft(capsys, smol_path):
     assert stats["acceptance_rate"] is None and stats["mean_accepted"] is None
 
 
+@pytest.mark.parametrize("mode", ["target", "ngram"])
+def test_a_draft_named_for_a_mode_that_uses_none_is_checked_all_the_same(
+    capsys, smol_path, tmp_path, mode
+):
+    """It is not loaded, and a typo or a draft of another vocabulary passed unseen."""
+    run = ["run", "-m", str(smol_path), "--mode", mode, "-n", "2"]
+    code, _, err = cli(capsys, *run, "--draft", str(tmp_path / "nope.gguf"), "hi")
+    one_line_error(code, err, "model file not found", "nope.gguf")
+    other = write_tiny_gguf(tmp_path / "other.gguf", n_vocab=100)
+    code, _, err = cli(capsys, *run, "--draft", str(other), "hi")
+    one_line_error(code, err, "cannot draft for target", "same vocabulary")
+    code, out, _ = cli(capsys, *run, "--draft", str(smol_path), "hi")
+    assert code == 0 and out.strip()
+
+
 def test_run_in_each_mode_reports_it(capsys, smol_path):
     for mode in ("target", "chain", "tree", "ngram", "auto"):
         code, out, _ = cli(
@@ -447,6 +462,11 @@ def test_a_bench_at_a_negative_temperature_is_one_clear_line(capsys, smol_path):
 def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,warp")
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
+
+
+def test_a_bench_of_no_repeats_is_refused_before_it_is_announced(capsys, smol_path):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target", "--repeats", "0")
+    one_line_error(code, err, "--repeats must be at least 1 (got 0)")
 
 
 def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):

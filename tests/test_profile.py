@@ -470,6 +470,20 @@ def test_a_draft_that_is_the_target_with_its_threads_and_cpus_is_measured_once(
     assert len(report["saved"]) == 1
 
 
+def test_a_draft_that_is_the_target_measured_once_is_spoken_of_once(
+    home, runner_app, smol_path, monkeypatch
+):
+    """Its attention line and its busy-device warning each came twice."""
+    measured = a_profile(smol_path, noise=0.5, attention_s=[0.080, 0.070], flash_attn=False)
+    monkeypatch.setattr("edgespec.cli.profile_cmd.profile_model", lambda *a, **k: measured)
+    args = ["profile", "-m", str(smol_path), "--draft", str(smol_path), "-t", "2"]
+    result = CliRunner().invoke(runner_app, [*args, "--draft-threads", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert sum("varied by 50%" in line for line in lines) == 1
+    assert sum("attention" in line and smol_path.name in line for line in lines) == 1
+
+
 def test_with_no_model_named_profile_measures_the_draft_run_would_use(
     home, runner_app, smol_path, tmp_path, monkeypatch
 ):
