@@ -92,7 +92,10 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     # a plain threshold on them. In place, because every fresh 152k array costs a pass or more.
     weights = logits - logits.max()
     if params.temperature != 1:
-        weights *= 1 / params.temperature
+        # At most 1e30: 1/T beyond float32's range (T < 3e-39) was inf, and the best token's
+        # 0 * inf a NaN. A token g below the best still weighs exp(-g * 1e30), 0 for any gap
+        # over 1e-28 (logits of a few units are ~1e-7 apart at the least), and no gap overflows.
+        weights *= min(1 / params.temperature, 1e30)
     np.exp(weights, out=weights)
     # Each filter keeps the tokens above some weight, so all of them together keep the tokens
     # above the highest of those cutoffs (top-k and top-p keep the best token, so min-p's

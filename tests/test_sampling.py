@@ -96,6 +96,15 @@ def test_temperature_below_one_sharpens_and_above_one_flattens():
     assert best(0.5) > best(1.0) > best(2.0) > 0.25
 
 
+@pytest.mark.parametrize("temperature", [1e-39, 1e-300, 5e-324])
+def test_a_temperature_near_zero_is_the_point_mass_on_the_best_token_not_nans(temperature):
+    """1/T beyond float32's range made the best token's weight 0 * inf: every probability NaN,
+    and `--temp 1e-39` a traceback."""
+    logits = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
+    probs = probs_from_logits(logits, SamplingParams(temperature=temperature))
+    assert probs[np.argmax(logits)] == 1 and probs.sum() == 1
+
+
 def test_top_k_keeps_exactly_the_k_most_likely_tokens_renormalised():
     logits = np.random.default_rng(1).standard_normal(1000)
     probs = probs_from_logits(logits, SamplingParams(temperature=1, top_k=7))
