@@ -1441,7 +1441,7 @@ class Engine:
         tree = TokenTree(tokens[-1])
         params = run.sampling
         if ngram is not None and ngram.tokens and params.greedy:
-            self._graft_ngram(run, tree, ngram, depth_room)
+            self._graft_ngram(run, tree, ngram, depth_room, max_nodes)
         # Sampling: children are draws from the draft's distribution, kept per node for the
         # verification (SpecInfer); node i's distribution is row i of the reused buffer.
         draws: dict[int, list[int]] = {}
@@ -1487,7 +1487,7 @@ class Engine:
                 branch,
                 children,
                 max_branches=cfg.max_branches,
-                max_nodes=cfg.max_nodes,
+                max_nodes=max_nodes,  # not cfg's: one expansion added past the context's end
                 is_eog=draft.is_eog,
             )
             for copy in copies:
@@ -1567,13 +1567,15 @@ class Engine:
         verified = len(tree.nodes)
         return worth_growing(tokens, verified, draft_evals, leaf.confidence, leaf.prob, run.costs)
 
-    def _graft_ngram(self, run: _Run, tree: TokenTree, ngram: Proposal, max_depth: int) -> None:
+    def _graft_ngram(
+        self, run: _Run, tree: TokenTree, ngram: Proposal, max_depth: int, max_nodes: int
+    ) -> None:
         """Graft the n-gram proposal's tokens whose chance of being reached stays above alpha:
         a row below it is one LLMCad would not verify either. --max-depth bounds the draft's
         work, not this free proposal: inside copied text it may reach deeper (half the nodes)."""
         probs: list[float] = []
         reach = 1.0
-        for position in range(min(len(ngram.tokens), max_depth, run.cfg.max_nodes // 2)):
+        for position in range(min(len(ngram.tokens), max_depth, max_nodes // 2)):
             p = run.ngram.acceptance(ngram.ngram, position, ngram.streak)
             if reach * p < run.alpha:
                 break
@@ -1583,7 +1585,7 @@ class Engine:
             ngram.tokens[: len(probs)],
             probs,
             max_branches=run.cfg.max_branches,
-            max_nodes=run.cfg.max_nodes,
+            max_nodes=max_nodes,
             is_eog=self.target.is_eog,
         )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -976,3 +978,17 @@ def test_a_tree_near_the_end_of_the_context_fits_what_is_left_of_it(
     assert len(tokens) + result.stats.n_generated == 256 + 1  # the last one is never evaluated
     plain = plain_engine.generate(tokens, max_tokens=result.stats.n_generated, mode="target")
     assert_same_or_near_tie(plain_engine, tokens, plain.tokens, result.tokens)
+
+
+def test_a_wide_tree_near_the_end_of_the_context_never_expands_past_it(smol_path, smol_q4_0):
+    """The node budget bounded when the tree was verified, but one expansion of up to
+    --max-branches children (and the n-gram graft) still took --max-nodes as its bound: a wide
+    sampled tree overshot the cells left, and verification failed (llama_decode status 1)."""
+    import edgespec
+
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
+    wide = dict(mode="tree", branch_p=0.05, max_branches=16, max_nodes=64, seed=1)
+    prompt = engine.prompt_tokens("Tell me a story about a cat. " * 28, chat_mode=False) * 2
+    for cut, temperature in itertools.product(range(216, 254, 3), (0.0, 1.0)):
+        result = engine.generate(prompt[:cut], max_tokens=60, temperature=temperature, **wide)
+        assert result.stats.finish_reason in ("context", "length", "stop"), (cut, temperature)
