@@ -109,6 +109,10 @@ def chat(
         )
     repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
     repl.run()
+    if repl.failures and not repl.interactive:  # a script must learn that its /save failed
+        raise EdgespecError(
+            f"{repl.failures} of the piped messages and commands failed (see above)"
+        )
 
 
 MAX_TEMPLATE_BYTES = 1 << 20  # templates are a few kB; /dev/zero was read until memory ran out
@@ -133,6 +137,7 @@ class Repl:
         self.settings = settings
         self.interactive = interactive  # a terminal: prompts and line editing
         self.catching_up: threading.Event | None = None  # set once the draft has caught up
+        self.failures = 0  # messages and commands refused with an error line
 
     def run(self) -> None:
         if self.interactive:
@@ -165,14 +170,19 @@ class Repl:
                     self.answer(text)
             except EdgespecError as e:
                 err.print(f"error: {escape(str(e))}", soft_wrap=True)  # one line, piped too
+                self.failures += 1
             except KeyboardInterrupt:  # outside an answer (which handles its own): just stop
                 print()
                 err.print("[dim]interrupted[/dim]")
 
     # ----- input -----------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
-        if self.interactive:
+        if self.interactive and sys.stdout.isatty():
             return valid_text(input(prompt))
+        if self.interactive:  # answers to a file (`chat > log`): the prompt to the terminal
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            return valid_text(input())
         from .app import read_stdin
 
         line = read_stdin(lambda f: f.readline())

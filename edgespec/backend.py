@@ -436,8 +436,11 @@ class Context:
     def set_threads(self, n_threads: int) -> None:
         """Decode with `n_threads` from the next decode on (llama.cpp reads it at each one)."""
         if n_threads != self.threads:
-            ll.llama_set_n_threads(self._ctx, n_threads, n_threads)
-            self.threads = n_threads
+            # It logs through _on_native_log: a Ctrl+C there was dropped mid-answer (the governor
+            # changes threads while a chat answers) and printed as a traceback.
+            with _interrupt_after():
+                ll.llama_set_n_threads(self._ctx, n_threads, n_threads)
+                self.threads = n_threads
 
     @contextmanager
     def fixed_threads(self) -> Iterator[None]:

@@ -182,6 +182,35 @@ def piped_chat(smol_path, tmp_path, lines: str, *extra: str) -> subprocess.Compl
     return subprocess.run(argv, input=lines, capture_output=True, text=True, env=env, timeout=120)
 
 
+def test_a_piped_chat_whose_command_failed_exits_non_zero_after_the_rest(smol_path, tmp_path):
+    """A script could not tell that its /save never happened: every error line, then exit 0."""
+    saved_to = tmp_path / "chat.json"
+    lines = f"Hi\n/save /nonexistent/dir/chat.json\n/frobnicate\nBye\n/save {saved_to}\n"
+    done = piped_chat(smol_path, tmp_path, lines)
+    assert done.returncode == 1
+    assert len(re.findall(STATS_LINE, done.stderr)) == 2  # both answered all the same
+    assert [m["content"] for m in saved(saved_to)][::2] == ["Hi", "Bye"]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "error: 2 of the piped messages and commands failed (see above)"
+
+
+def test_a_chat_at_a_terminal_writing_its_answers_to_a_file_prompts_on_the_terminal(
+    smol_path, tmp_path
+):
+    """`edgespec chat > log.txt` put its >>> prompts in the file and none on the terminal."""
+    log = tmp_path / "log.txt"
+    into_log = ["/bin/sh", "-c", 'exec "$@" > "$LOG"', "sh", *chat_argv(smol_path)]
+    term = Terminal(into_log, {**chat_env(tmp_path), "LOG": str(log)})
+    try:
+        term.expect(r"^>>> ")
+        term.ask("Hi")
+        term.press(b"\x04")  # Ctrl+D: leave
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+    assert log.read_text().strip() and ">>>" not in log.read_text()
+
+
 def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     # Lines ending in \r\n (a file from Windows): the \r is no part of the message.
     saved_to = tmp_path / "chat.json"
@@ -216,7 +245,7 @@ def test_save_never_replaces_a_pipe_or_the_file_the_chat_itself_writes_to(smol_p
             env=chat_env(tmp_path),
             timeout=120,
         )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the chat went on, then said two commands failed
     assert "is where this program's output goes" in done.stderr
     assert "not a regular file" in done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 2  # the chat went on
@@ -226,7 +255,7 @@ def test_save_never_replaces_a_pipe_or_the_file_the_chat_itself_writes_to(smol_p
 def test_endless_files_are_refused_not_read_until_memory_runs_out(smol_path, tmp_path):
     """/load /dev/zero or --chat-template /dev/zero read until the kernel killed the process."""
     done = piped_chat(smol_path, tmp_path, "/load /dev/zero\nHi\n")
-    assert done.returncode == 0 and "is over 64 MB: no saved chat" in done.stderr
+    assert done.returncode == 1 and "is over 64 MB: no saved chat" in done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 1
     done = piped_chat(smol_path, tmp_path, "Hi\n", "--chat-template", "/dev/zero")
     assert done.returncode != 0 and "is over 1 MB: not a chat template" in done.stderr

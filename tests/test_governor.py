@@ -160,3 +160,34 @@ def test_a_measurement_of_the_device_runs_on_every_thread_whatever_the_governor_
         assert ll.llama_n_threads(ctx._ctx) == 2
     assert ctx.governor is governor
     assert ll.llama_n_threads(ctx._ctx) == 1
+
+
+def test_a_ctrl_c_while_llama_cpp_changes_threads_is_taken_once_the_change_is_made(
+    smol_path, monkeypatch
+):
+    """llama.cpp logs the change through a Python callback, where a KeyboardInterrupt is printed
+    and dropped: a chat's Ctrl+C was lost mid-answer when the governor changed threads. It is
+    held until the call returns, then taken, with the context knowing its threads."""
+    import os
+    import signal
+
+    import llama_cpp as ll
+
+    from edgespec import backend
+    from edgespec.backend import Context, Model
+
+    ctx = Context(Model(smol_path), n_ctx=64, n_threads=2)
+    change = ll.llama_set_n_threads
+
+    def pressed_during_the_change(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        change(*args)
+
+    monkeypatch.setattr(backend.ll, "llama_set_n_threads", pressed_during_the_change)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # CI may ignore SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctx.set_threads(1)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert ctx.threads == ll.llama_n_threads(ctx._ctx) == 1
