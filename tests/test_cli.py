@@ -896,3 +896,21 @@ def test_an_endless_prompt_on_stdin_is_refused(smol_path):
     command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -n 2 - < /dev/zero"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "the prompt on stdin is over 64 MB" in done.stderr
+
+
+def test_a_ctrl_c_while_the_command_line_is_built_is_an_exit_130_not_a_traceback(
+    capsys, monkeypatch
+):
+    """On a busy device typer's building of the commands takes seconds: a Ctrl+C then was a
+    KeyboardInterrupt traceback."""
+    import typer.main
+
+    from edgespec import cli as console
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(typer.main, "get_command", pressed)
+    monkeypatch.setattr(sys, "argv", ["edgespec", "--version"])
+    assert console.main() == 130
+    assert capsys.readouterr().err == "\ninterrupted\n"
