@@ -100,8 +100,9 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
 
-def resolve_model(value: str | None, default: str | None) -> Path | None:
-    """A model is a GGUF path or a catalogue name; a catalogue model is fetched when missing."""
+def resolve_model(value: str | None, default: str | None, fetch: bool = True) -> Path | None:
+    """A model is a GGUF path or a catalogue name; a catalogue model is fetched when missing
+    (without `fetch`: None)."""
     name = value if value is not None else default
     if name is None:
         return None
@@ -112,7 +113,8 @@ def resolve_model(value: str | None, default: str | None) -> Path | None:
 
             raise missing_model(name)
         return path
-    return catalogue.local_path(name) or fetch_with_progress(name, err)
+    local = catalogue.local_path(name)
+    return local if local is not None or not fetch else fetch_with_progress(name, err)
 
 
 def resolve_draft(settings: Settings) -> Path | None:
@@ -139,10 +141,7 @@ def check_unused_draft(name: str, target: Path) -> None:
     not fetched for it)."""
     from edgespec.gguf_info import check_pair, read_gguf
 
-    path: Path | None = Path(name).expanduser()
-    if not path.exists() and name in catalogue.specs():
-        path = catalogue.local_path(name)
-    if path is not None:
+    if (path := resolve_model(name, None, fetch=False)) is not None:
         check_pair(read_gguf(path), read_gguf(target))
 
 

@@ -121,9 +121,9 @@ def bench(
     assert target_path is not None
     if json_out is not None:  # not over a model it measures, either
         json_out = check_destination(json_out, target_path, draft_path)
-    if modes:  # now that it is known whether there is a draft, before a word is said
-        checked_modes(_split(modes), has_draft=draft_path is not None)
-    mode_list = list(dict.fromkeys(_split(modes))) if modes else available_modes(bool(draft_path))
+    # Now that it is known whether there is a draft, before a word is said; each mode once.
+    has_draft = draft_path is not None
+    mode_list = checked_modes(_split(modes), has_draft) if modes else available_modes(has_draft)
 
     status = Console(stderr=True, highlight=False)
     status.print(

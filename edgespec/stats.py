@@ -153,10 +153,10 @@ class Stats:
             f"{self.n_generated} tokens, {self.tokens_per_s:.1f} tok/s, "
             f"prompt {self.n_prompt_tokens} tokens in {self.prefill_s:.2f} s, mode {self.mode}"
         )
-        if self.draft_tokens:
+        rate, mean = self.acceptance_rate, self.mean_accepted
+        if rate is not None and mean is not None:  # something was drafted
             line += (
-                f", acceptance {self.accepted_tokens / self.draft_tokens:.0%}"
-                f", mean accepted {self.accepted_tokens / self.verifications:.2f}"
+                f", acceptance {rate:.0%}, mean accepted {mean:.2f}"
                 f", {self.target_passes} target passes"
             )
         if self.pipelined_evals:
