@@ -30,7 +30,7 @@ from edgespec.errors import (
     EdgespecError,
     ModelFileError,
 )
-from edgespec.files import regular_destination, written_into_place
+from edgespec.files import regular_destination, user_path, written_into_place
 from edgespec.stats import Stats
 from edgespec.text import valid_text
 
@@ -106,7 +106,7 @@ def resolve_model(value: str | None, default: str | None, fetch: bool = True) ->
     name = value if value is not None else default
     if name is None:
         return None
-    path = Path(name).expanduser()
+    path = user_path(name, "the model path")
     if path.exists() or name not in catalogue.specs():
         if not path.exists():
             from edgespec.gguf_info import missing_model  # here: it imports numpy
@@ -115,6 +115,13 @@ def resolve_model(value: str | None, default: str | None, fetch: bool = True) ->
         return path
     local = catalogue.local_path(name)
     return local if local is not None or not fetch else fetch_with_progress(name, err)
+
+
+def check_named_models(settings: Settings) -> None:
+    """Models named by path are checked before any is fetched: a typo in the draft's path was
+    said after the default target's gigabyte had come down."""
+    for name in (settings.target, settings.draft):
+        resolve_model(name, None, fetch=False)
 
 
 def resolve_draft(settings: Settings) -> Path | None:
@@ -226,6 +233,7 @@ def load_engine(
     from edgespec.engine import check_threads
 
     check_threads(settings.threads, settings.draft_threads)  # before any fetching or measuring
+    check_named_models(settings)
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     draft_path = None
     # target and ngram never use a draft: none is loaded for them, unless named for later

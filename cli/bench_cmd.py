@@ -93,13 +93,24 @@ def bench(
     """
     # Imported here: app.py imports this module to register the command.
     from edgespec.bench import available_modes, checked_modes, load_prompts, run_bench
+    from edgespec.engine import check_ctx_size, check_threads
     from edgespec.errors import BadSettingError, EdgespecError
     from edgespec.files import written_into_place
     from edgespec.sampling import SamplingParams
 
-    from .app import DEFAULT_TARGET, check_destination, resolve, resolve_draft, resolve_model
+    from .app import (
+        DEFAULT_TARGET,
+        check_destination,
+        check_named_models,
+        resolve,
+        resolve_draft,
+        resolve_model,
+    )
 
-    SamplingParams(temperature=temp)  # a bad value fails before anything is said or loaded
+    # Bad values fail before anything is said, fetched or loaded.
+    SamplingParams(temperature=temp)
+    check_threads(threads, None)
+    check_ctx_size(ctx_size, None, Path())  # the model's own bound: when it loads
     if repeats < 1:
         raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
     if json_out is not None:  # so does a file that cannot be written: not after an hour's run
@@ -116,6 +127,7 @@ def bench(
         selected = [replace(p, max_tokens=max_tokens) for p in selected]
     # The models `run` would take: flags, else EDGESPEC_TARGET / EDGESPEC_DRAFT or config.toml.
     settings = resolve(dict(target=target, draft=draft))
+    check_named_models(settings)
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     draft_path = resolve_draft(replace(settings, draft_threads=threads))
     assert target_path is not None

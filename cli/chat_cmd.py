@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import sys
 import threading
 from pathlib import Path
@@ -18,8 +19,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from edgespec.config import KINDS, Settings
+from edgespec.config import CHOICES, Settings, parse_value
 from edgespec.errors import BadSettingError, EdgespecError
+from edgespec.files import user_path
 from edgespec.text import valid_text
 
 from . import options as opt
@@ -120,7 +122,7 @@ MAX_TEMPLATE_BYTES = 1 << 20  # templates are a few kB; /dev/zero was read until
 
 def read_template(path: Path) -> str:
     try:
-        with path.expanduser().open("rb") as f:
+        with user_path(path, "the chat template").open("rb") as f:
             raw = f.read(MAX_TEMPLATE_BYTES + 1)
         if len(raw) > MAX_TEMPLATE_BYTES:
             raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
@@ -316,22 +318,25 @@ class Repl:
             print("Removed the system message." if text == "none" else "Set the system message.")
             return
         if name not in SETTABLE or not text:
-            raise BadSettingError(f"usage: /set NAME VALUE, NAME one of {', '.join(SETTABLE)}")
+            names = ", ".join((*SETTABLE, "system"))
+            raise BadSettingError(f"usage: /set NAME VALUE, NAME one of {names}")
         value: object
         if text == "auto" and name in AUTO_SETTABLE:  # back to the default: chosen per answer
             value = None
         else:
             try:
-                value = KINDS[name](text)
-            except ValueError:
-                kind = KINDS[name].__name__
-                also = " or auto" if name in AUTO_SETTABLE else ""
-                raise BadSettingError(f"{name} must be of type {kind}{also}") from None
+                value = parse_value(name, text)  # as EDGESPEC_<NAME> reads it
+            except ValueError as e:
+                also = " or auto" if name in AUTO_SETTABLE and name not in CHOICES else ""
+                raise BadSettingError(f"{name} must be {e}{also} (got {text!r})") from None
         settings = dataclasses.replace(self.settings, **{name: value})
         from edgespec.engine import GenerationConfig
 
         engine = self.conversation.engine
-        GenerationConfig(**self.generation_options(settings)).validate(engine.draft is not None)
+        try:
+            GenerationConfig(**self.generation_options(settings)).validate(engine.draft is not None)
+        except BadSettingError as e:  # it names the flag: "--temp must be >= 0"
+            raise BadSettingError(re.sub(r"^--([a-z-]+)", _setting_name, str(e))) from None
         self.settings = settings
         print(f"Set {name} to {shown(name, value)}.")
 
@@ -370,3 +375,8 @@ def need_file(arg: str, command: str) -> str:
     if not arg:
         raise BadSettingError(f"usage: {command} FILE")
     return arg
+
+
+def _setting_name(flag: re.Match[str]) -> str:
+    """A flag in an error as /set names its setting: --max-tokens is max_tokens."""
+    return flag.group(1).replace("-", "_")

@@ -67,7 +67,7 @@ def profile(
     # Imported here: app.py imports this module to register the command.
     from edgespec.engine import check_threads
 
-    from .app import DEFAULT_TARGET, resolve, resolve_draft, resolve_model
+    from .app import DEFAULT_TARGET, check_named_models, resolve, resolve_draft, resolve_model
 
     # The models, threads and CPUs `run` would take: flags, else EDGESPEC_* or config.toml.
     settings = resolve(
@@ -77,6 +77,7 @@ def profile(
         )
     )  # fmt: skip
     check_threads(settings.threads, settings.draft_threads)
+    check_named_models(settings)
     target_cpus, draft_cpus = settings.target_cpus, settings.draft_cpus
     # Each model measured where `run` puts it, with its threads, or `run` would not find the
     # profile (its key) and measure one of its own: on a phone the target on the big cores.

@@ -23,7 +23,13 @@ from importlib import resources
 from pathlib import Path
 
 from edgespec.errors import ModelFetchError, UnknownModelError
-from edgespec.files import remove_leftovers, temporaries_of, user_home, written_into_place
+from edgespec.files import (
+    remove_leftovers,
+    temporaries_of,
+    user_home,
+    user_path,
+    written_into_place,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,7 +69,7 @@ class ModelSpec:
 
 def home() -> Path:
     env = os.environ.get("EDGESPEC_HOME")
-    return Path(env).expanduser() if env else user_home() / ".cache" / "edgespec"
+    return user_path(env, "EDGESPEC_HOME") if env else user_home() / ".cache" / "edgespec"
 
 
 def models_dir() -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import get_args, get_type_hints
 
 from edgespec.errors import BadSettingError
-from edgespec.files import user_home
+from edgespec.files import user_home, user_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,6 +76,7 @@ KINDS: dict[str, type] = {
     if name in NAMES
 }
 CHOICES = {"mode": MODES}
+MODELS = ("target", "draft")  # a GGUF path or a catalogue name
 RULES = {int: "a whole number", float: "a number", str: "a string"}
 
 Layer = dict[str, tuple[object, str]]  # setting name -> (value, source)
@@ -93,7 +94,7 @@ def config_dir() -> Path:
     """
     home = os.environ.get("EDGESPEC_HOME")
     if home:
-        return Path(home).expanduser()
+        return user_path(home, "EDGESPEC_HOME")
     xdg = os.environ.get("XDG_CONFIG_HOME", "")
     # The XDG spec says to ignore a relative XDG_CONFIG_HOME.
     base = Path(xdg) if os.path.isabs(xdg) else user_home() / ".config"
@@ -136,7 +137,7 @@ def read_env(environ: Mapping[str, str]) -> Layer:
         if text == "":  # set but empty is unset, as `EDGESPEC_TEMP= edgespec run ...` intends
             continue
         try:
-            layer[name] = (_checked(name, _parsed(name, text)), f"env {variable}")
+            layer[name] = (parse_value(name, text), f"env {variable}")
         except _Invalid as e:
             raise BadSettingError(f"{variable} must be {e} (got {text!r})") from None
     return layer
@@ -190,20 +191,36 @@ def _rule(name: str) -> str:
     return RULES[KINDS[name]]
 
 
-def _parsed(name: str, text: str) -> object:
-    """An environment variable's text as the setting's type."""
+def parse_value(name: str, text: str) -> object:
+    """A setting given as text (an environment variable, chat's /set) as its type, read as the
+    flag reads it: ASCII digits only (int() and float() also take other scripts' digits, ٣ or
+    ３, which the flags refuse), and a whole number may be written 2.0 (as `-n 2.0` may)."""
     kind = KINDS[name]
     if kind is str:
-        return text
+        return _checked(name, text)
     try:
-        return kind(text)
+        if not text.isascii():
+            raise ValueError(text)
+        value: object = float(text) if kind is float or not _is_int_text(text) else int(text)
     except ValueError:
         raise _Invalid(_rule(name)) from None
+    return _checked(name, value)
+
+
+def _is_int_text(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _checked(name: str, value: object) -> object:
-    """`value` if it fits the setting (a whole number fits a number setting, as a float)."""
+    """`value` if it fits the setting (a whole number fits a number setting, as a float; a
+    float with nothing after the point a whole-number setting, as `-n 2.0` does)."""
     kind = KINDS[name]
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
     accepted = (int, float) if kind is float else kind
     if isinstance(value, bool) or not isinstance(value, accepted):  # TOML true is not a number
         raise _Invalid(_rule(name))
@@ -213,6 +230,8 @@ def _checked(name: str, value: object) -> object:
             raise _Invalid("a finite number")
     if name in CHOICES and value not in CHOICES[name]:
         raise _Invalid(_rule(name))
+    if name in MODELS and (not value or "\0" in value):  # '' was ".", a NUL a ValueError
+        raise _Invalid("a model's path or catalogue name")
     return value
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .chat import messages_for, render
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
-from .files import regular_destination, written_into_place
+from .files import regular_destination, user_path, written_into_place
 from .text import valid_text
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class Conversation:
     def save(self, path: str | Path) -> None:
         """Write the conversation as JSON, atomically: a crash never leaves half a file. A link
         is written through, to the file it names; a file saved over keeps its permissions."""
-        path = regular_destination(Path(path).expanduser())
+        path = regular_destination(user_path(path, "the file"))
         if path.exists() and _is_standard_stream(path):  # /dev/stdout into a log
             raise EdgespecError(
                 f"cannot save {path}: it is where this program's output goes, and replacing it "
@@ -225,7 +225,7 @@ class Conversation:
         return how many of its oldest turns the context cannot hold (the model will not see
         them; the conversation keeps them). A conversation the chat template cannot render is
         refused, the current one left as it was."""
-        path = Path(path).expanduser()
+        path = user_path(path, "the file")
         try:
             with path.open("rb") as f:  # not endless (/dev/zero), nor larger than any context
                 raw = f.read(MAX_SAVED_BYTES + 1)

@@ -26,6 +26,23 @@ def user_home() -> Path:
         raise BadSettingError("HOME is empty and the user has no home: set EDGESPEC_HOME") from None
 
 
+def user_path(name: str | os.PathLike[str], what: str) -> Path:
+    """`name` as a path, its `~` expanded: one that is empty, holds a NUL or names an unknown
+    user is an error here, not "." (Path('')), a ValueError from the system or a RuntimeError
+    from expanduser later."""
+    text = os.fspath(name)
+    if not text:
+        raise BadSettingError(f"{what} is empty")
+    if "\0" in text:
+        raise BadSettingError(f"{what} {text!r} holds a NUL character")
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~someone with no such user
+        user = text.split(os.sep, 1)[0][1:]
+        message = f"{what} {text} begins with ~{user}, but there is no user {user!r}"
+        raise BadSettingError(message) from None
+
+
 def regular_destination(path: Path) -> Path:
     """The file to write for `path`: a link is written through, to the file it names; a
     directory, device or pipe is refused (moved onto, /dev/full or a FIFO became a file)."""

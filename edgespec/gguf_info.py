@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .errors import IncompatibleModelsError, ModelFileError
+from .files import user_path
 
 GGUF_MAGIC = b"GGUF"
 
@@ -197,7 +198,7 @@ class _Header:
 def missing_model(name: str | Path) -> ModelFileError:
     """The error for a model path that does not lead to a file, saying why where "not found" would
     mislead: a dangling link, a loop of links, a folder on the way that may not be entered."""
-    path = Path(name).expanduser()
+    path = user_path(name, "the model path")
     try:
         os.stat(path)
     except OSError as e:

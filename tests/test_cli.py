@@ -469,6 +469,46 @@ def test_a_bench_of_no_repeats_is_refused_before_it_is_announced(capsys, smol_pa
     one_line_error(code, err, "--repeats must be at least 1 (got 0)")
 
 
+@pytest.mark.parametrize("flag", ["-t", "-c"])
+def test_a_bench_of_bad_threads_or_context_is_refused_before_it_is_announced(
+    capsys, smol_path, flag
+):
+    code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target", flag, "0")
+    one_line_error(code, err, "must be at least")
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "hello"], ["bench", "--modes", "target"], ["profile", "--quick"]]
+)
+def test_a_draft_that_is_not_there_is_said_before_the_default_target_is_fetched(
+    capsys, tmp_path, monkeypatch, command
+):
+    """A typo in --draft was said after the default target's gigabyte had come down."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # no model fetched there
+    for name in ("TARGET", "DRAFT"):
+        monkeypatch.delenv(f"EDGESPEC_{name}", raising=False)
+
+    def fetch(name, console):
+        raise AssertionError(f"{name} fetched")
+
+    monkeypatch.setattr("edgespec.cli.app.fetch_with_progress", fetch)
+    code, _, err = cli(capsys, command[0], "--draft", str(tmp_path / "nope.gguf"), *command[1:])
+    one_line_error(code, err, "model file not found", "nope.gguf")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "-m", "~edgespec-no-such-user/x.gguf", "hi"], "there is no user"),
+        (["inspect", "~edgespec-no-such-user/x.gguf"], "there is no user"),
+        (["run", "-m", "", "hi"], "the model path is empty"),  # it was "not a file: ."
+    ],
+)
+def test_a_model_path_that_cannot_be_a_path_is_one_line(capsys, args, said):
+    code, _, err = cli(capsys, *args)
+    one_line_error(code, err, said)
+
+
 def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,chain:4")
     one_line_error(code, err, "mode 'chain:4' needs a draft model (--draft)")

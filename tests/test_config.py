@@ -102,6 +102,20 @@ def test_a_whole_number_in_the_file_is_a_number_for_a_number_setting(home):
     assert temp == 1.0 and type(temp) is float
 
 
+def test_a_whole_number_may_be_written_as_the_flag_takes_it_but_only_in_ascii_digits(
+    home, monkeypatch
+):
+    # `-n 2.0` is 2 and `-n ٣` an error (typer): the environment and the file read them alike.
+    monkeypatch.setenv("EDGESPEC_MAX_TOKENS", "2.0")
+    write_config(home, "seed = 7.0\n")
+    settings = resolve({})
+    assert settings.max_tokens == 2 and type(settings.max_tokens) is int
+    assert settings.seed == 7 and type(settings.seed) is int
+    for digits in ("٣", "３", "1.٥"):
+        monkeypatch.setenv("EDGESPEC_TEMP", digits)
+        assert bad_setting() == f"EDGESPEC_TEMP must be a number (got {digits!r})"
+
+
 def test_resolve_refuses_a_flag_that_is_not_a_setting():
     with pytest.raises(ValueError, match="verbose"):
         resolve({"verbose": True})
@@ -142,6 +156,11 @@ def test_a_bad_environment_value_is_reported_even_when_a_flag_overrides_it(monke
         ("threads = true", "threads must be a whole number (got true)"),
         ("temp = inf", "temp must be a finite number (got inf)"),
         ("target = 3", "target must be a string (got 3)"),
+        ('target = ""', 'target must be a model\'s path or catalogue name (got "")'),
+        (
+            'draft = "a\\u0000b"',
+            'draft must be a model\'s path or catalogue name (got "a\\u0000b")',
+        ),  # noqa: E501
         ("seed = [1, 2]", "seed must be a whole number (got an array)"),
         ('mode = "fast"', 'mode must be one of target, chain, tree, ngram, auto (got "fast")'),
     ],

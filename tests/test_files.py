@@ -14,7 +14,7 @@ import pytest
 from edgespec import catalogue
 from edgespec.config import config_dir
 from edgespec.errors import BadSettingError
-from edgespec.files import LEFTOVER_AGE_S, user_home, written_into_place
+from edgespec.files import LEFTOVER_AGE_S, user_home, user_path, written_into_place
 
 
 def test_the_file_appears_whole_once_the_block_ends(tmp_path):
@@ -91,3 +91,23 @@ def test_an_empty_home_means_the_users_own_not_the_root_folder(monkeypatch):
     assert config_dir() == own / ".config" / "edgespec"
     monkeypatch.setenv("HOME", "/somewhere")
     assert catalogue.home() == Path("/somewhere/.cache/edgespec")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the file is empty"),  # Path('') is "."
+        ("a\0b", "the file 'a\\x00b' holds a NUL character"),  # the system's ValueError
+        ("~edgespec-no-such-user/x", "the file ~edgespec-no-such-user/x begins with "
+         "~edgespec-no-such-user, but there is no user 'edgespec-no-such-user'"),  # RuntimeError
+    ],
+)  # fmt: skip
+def test_a_path_that_cannot_be_one_is_a_clear_error(text, message):
+    with pytest.raises(BadSettingError) as caught:
+        user_path(text, "the file")
+    assert str(caught.value) == message
+
+
+def test_a_path_is_taken_with_its_tilde_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert user_path("~/chat.json", "the file") == tmp_path / "chat.json"
