@@ -77,6 +77,7 @@ KINDS: dict[str, type] = {
 }
 CHOICES = {"mode": MODES}
 MODELS = ("target", "draft")  # a GGUF path or a catalogue name
+CPU_LISTS = ("target_cpus", "draft_cpus")
 RULES = {int: "a whole number", float: "a number", str: "a string"}
 
 Layer = dict[str, tuple[object, str]]  # setting name -> (value, source)
@@ -146,7 +147,7 @@ def read_env(environ: Mapping[str, str]) -> Layer:
 def read_file(path: Path) -> Layer:
     """The settings in a config file (none if it does not exist), checked against their types."""
     try:
-        text = path.read_text("utf-8")
+        text = path.read_text("utf-8-sig")  # Windows editors may begin the file with a BOM
     except FileNotFoundError:
         return {}
     except UnicodeDecodeError:
@@ -221,6 +222,8 @@ def _checked(name: str, value: object) -> object:
     kind = KINDS[name]
     if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
+    if name in CPU_LISTS and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # target_cpus = 3: one CPU, as --target-cpus 3
     accepted = (int, float) if kind is float else kind
     if isinstance(value, bool) or not isinstance(value, accepted):  # TOML true is not a number
         raise _Invalid(_rule(name))

@@ -116,6 +116,12 @@ def test_a_whole_number_may_be_written_as_the_flag_takes_it_but_only_in_ascii_di
         assert bad_setting() == f"EDGESPEC_TEMP must be a number (got {digits!r})"
 
 
+def test_a_file_saved_with_a_byte_order_mark_and_a_cpu_given_as_a_number_are_read(home):
+    (home / "config.toml").write_bytes("\ufefftarget_cpus = 1\ndraft_cpus = '0'\n".encode())
+    settings = resolve({})
+    assert (settings.target_cpus, settings.draft_cpus) == ("1", "0")
+
+
 def test_resolve_refuses_a_flag_that_is_not_a_setting():
     with pytest.raises(ValueError, match="verbose"):
         resolve({"verbose": True})
@@ -160,7 +166,7 @@ def test_a_bad_environment_value_is_reported_even_when_a_flag_overrides_it(monke
         (
             'draft = "a\\u0000b"',
             'draft must be a model\'s path or catalogue name (got "a\\u0000b")',
-        ),  # noqa: E501
+        ),
         ("seed = [1, 2]", "seed must be a whole number (got an array)"),
         ('mode = "fast"', 'mode must be one of target, chain, tree, ngram, auto (got "fast")'),
     ],
