@@ -244,7 +244,8 @@ def load_engine(
     engine = edgespec.load(
         target_path,
         draft_path,
-        n_ctx=settings.ctx_size,
+        # Not asked for: 2048, or less for a model trained for less (load's default).
+        n_ctx=settings.ctx_size if settings.source("ctx_size") != "default" else None,
         threads=settings.threads,
         draft_threads=settings.draft_threads,
         target_cpus=settings.target_cpus,

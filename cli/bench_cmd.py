@@ -66,8 +66,13 @@ def bench(
         ),
     ] = None,
     ctx_size: Annotated[
-        int, typer.Option("--ctx-size", "-c", help="Context size in tokens")
-    ] = 4096,
+        int | None,
+        typer.Option(
+            "--ctx-size",
+            "-c",
+            help="Context size in tokens [default: 4096, or less for a model trained for less]",
+        ),
+    ] = None,
     max_tokens: Annotated[
         int | None,
         typer.Option("--max-tokens", "-n", help="Tokens per prompt [default: each prompt's own]"),
@@ -110,7 +115,8 @@ def bench(
     # Bad values fail before anything is said, fetched or loaded.
     SamplingParams(temperature=temp)
     check_threads(threads, None)
-    check_ctx_size(ctx_size, None, Path())  # the model's own bound: when it loads
+    if ctx_size is not None:
+        check_ctx_size(ctx_size, None, Path())  # the model's own bound: when it loads
     if repeats < 1:
         raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
     if json_out is not None:  # so does a file that cannot be written: not after an hour's run

@@ -94,7 +94,7 @@ CtxSize = Annotated[
         "--ctx-size",
         "-c",
         help="Context size in tokens, at most what the target was trained for "
-        f"[default: {Settings.ctx_size}]",
+        f"[default: {Settings.ctx_size}, or less for a model trained for less]",
     ),
 ]
 DraftMax = Annotated[

@@ -245,6 +245,10 @@ class Model:
         return [i for i in range(self.n_vocab) if attr(self._vocab, i) & kinds]
 
     def token_text(self, token: int) -> bytes:
+        """The token's text; none for an id the vocabulary lacks (-1: a model without a BOS,
+        whose chat template still asks for it: llama.cpp aborted the process)."""
+        if not 0 <= token < self.n_vocab:
+            return b""
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 
     def close(self) -> None:
@@ -279,7 +283,9 @@ class Context:
         None: llama.cpp's choice (on, for the CPU). Which is faster depends on the CPU
         (profile.measure_attention). `vocab_limit`: no token with this id or more can come out
         of the logits (a draft's, where its target has fewer tokens and could not evaluate
-        them): they are cut off the rows, or, in a narrowed draft's kept columns, score -inf."""
+        them): they are cut off the rows, or, in a narrowed draft's kept columns, score -inf.
+        Where the target has more tokens (ids this model lacks: tokens added to a fine-tuned
+        target, which its chat template or its answer may hold), they are fed as token 0."""
         self._ctx = self._batch = None  # close() may run on a half-made Context (Ctrl+C)
         self.model = model
         self.pinned = pinned  # if set, every decode runs on this thread (and its CPUs)
@@ -312,6 +318,10 @@ class Context:
         self.n_batch: int = ll.llama_n_batch(self._ctx)
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_vocab = model.n_vocab
+        # Only a draft's guesses depend on what it is fed for a token it lacks, and any id of its
+        # own serves; the id itself made llama.cpp refuse the batch (a traceback mid-answer).
+        lacks = vocab_limit is not None and vocab_limit > model.vocab_size
+        self._lacks_from: int | None = model.vocab_size if lacks else None
         self._columns = model.n_vocab  # of each logits row
         if vocab_limit is not None and model.head is not None:  # its row j is token ids[j]
             model.head.propose_below(vocab_limit)
@@ -361,6 +371,8 @@ class Context:
         gives each row its own list. `logits` is "last", "all" or "none". Inputs longer than the
         batch are split, which only makes sense with "last" or "none" (prefill).
         """
+        if self._lacks_from is not None:
+            tokens = [t if t < self._lacks_from else 0 for t in tokens]
         n = len(tokens)
         if n > self.n_batch:
             if logits == "all" or seq_ids is not None or positions is not None:

@@ -47,6 +47,7 @@ from .engine import (
     load,
 )
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
+from .gguf_info import read_gguf
 from .sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
@@ -56,6 +57,7 @@ else:
 
 BASELINE = "target"  # edgespec's plain decoding: every ratio is to this mode
 LLAMA_MODES = ("llama", "llama-lookup")
+BENCH_CTX = 4096  # tokens of context, unless the target was trained for fewer
 # Draft length of "llama-lookup". The library's default is 10, but a pass over 11 tokens costs
 # about 5.4 plain steps on the reference CPU (docs/speed.md); 4 is within the 4-8 that
 # llama.cpp's own lookup was run with there, and the setting of the 0.50x figure it reports for
@@ -752,7 +754,7 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     repeats: int = 3,
     threads: int | None = None,
-    n_ctx: int = 4096,
+    n_ctx: int | None = None,
     progress: Progress | None = None,
     *,
     lookup_tokens: int = LOOKUP_TOKENS,
@@ -764,7 +766,8 @@ def run_bench(
 
     `modes` are edgespec's engine modes and "llama" / "llama-lookup"; the baseline "target" is
     always run. One Engine (with the draft) serves every engine mode; each llama mode loads the
-    target once more. `progress` is called before each run, never inside a timed span.
+    target once more. `progress` is called before each run, never inside a timed span. `n_ctx`:
+    None is 4096 (the suite's longest prompts and answers), or less for a model trained for less.
     """
     if repeats < 1:
         raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
@@ -773,6 +776,8 @@ def run_bench(
     SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = checked_modes(modes, has_draft=draft is not None)
+    if n_ctx is None:
+        n_ctx = min(BENCH_CTX, read_gguf(target).context_length or BENCH_CTX)
     # -t for both models; without it each takes one thread per CPU of its own, as in `run`.
     engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
     threads = engine.threads

@@ -31,7 +31,7 @@ from .cores import (
 )
 from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
-from .gguf_info import GGUFInfo, check_pair, read_gguf
+from .gguf_info import GGUFInfo, check_generates, check_pair, read_gguf
 from .governor import ThreadGovernor
 from .ngram import NgramDrafter, Proposal
 from .policy import (
@@ -121,6 +121,7 @@ PROFILES_TOGETHER_S = 600  # two profiles this close in time saw the same machin
 PASS_FACTOR_TOLERANCE = 0.05
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
+DEFAULT_CTX = 2048  # tokens of context when none is asked for
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp aborts above it
 LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
 FIXED_ALPHA = 0.3  # verify once the best branch is less likely than this to be accepted in full
@@ -1767,7 +1768,7 @@ def load(
     target: str | Path,
     draft: str | Path | None = None,
     *,
-    n_ctx: int = 2048,
+    n_ctx: int | None = None,
     threads: int | None = None,
     draft_threads: int | None = None,
     target_cpus: str | None = None,
@@ -1777,6 +1778,9 @@ def load(
     verbose: bool = False,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
+
+    `n_ctx`: the context in tokens; None is 2048, or what the target was trained for if less
+    (a model of 512 tokens ran only with -c given).
 
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
@@ -1789,6 +1793,9 @@ def load(
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
     check_pipeline(pipeline, draft is not None, placement)
     target_info = read_gguf(target)
+    check_generates(target_info)
+    if n_ctx is None:
+        n_ctx = min(DEFAULT_CTX, target_info.context_length or DEFAULT_CTX)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
     if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
         raise ModelFileError(
@@ -1798,6 +1805,7 @@ def load(
         )
     draft_info = read_gguf(draft) if draft is not None else None
     if draft_info is not None:  # from the files: a mismatch is reported before loading anything
+        check_generates(draft_info)
         check_pair(draft_info, target_info)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info)
     return Engine(

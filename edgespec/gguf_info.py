@@ -50,6 +50,7 @@ class GGUFInfo:
     narrowed_from: str | None = None
     full_vocab: int | None = None
     token_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
+    causal: bool = True  # False: an encoder (BERT and kin), which embeds text but cannot write it
 
     def summary(self) -> dict[str, object]:
         return {
@@ -296,6 +297,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         narrowed_from=narrowed_from,
         full_vocab=full_vocab if narrowed_from else None,
         token_ids=token_ids if narrowed_from else None,
+        causal=header.get(f"{arch}.attention.causal", bool) is not False and arch not in ENCODERS,
     )
 
 
@@ -369,6 +371,20 @@ def pairing_problem(draft: GGUFInfo, target: GGUFInfo) -> str | None:
     if not same_token_texts(draft, target):
         return "token texts differ"
     return None
+
+
+# Encoders whose header need not say that their attention is not causal (T5's encoder alone).
+ENCODERS = frozenset({"t5encoder"})
+
+
+def check_generates(info: GGUFInfo) -> None:
+    """An embedding model loads, and "generated" nothing (exit 0) or aborted llama.cpp's
+    profile: refused by name."""
+    if not info.causal:
+        raise ModelFileError(
+            f"{info.path.name} is an embedding model ({info.architecture}, its attention sees "
+            "the whole text at once): it cannot generate text"
+        )
 
 
 def check_pair(draft: GGUFInfo, target: GGUFInfo) -> None:

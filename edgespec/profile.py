@@ -36,6 +36,7 @@ from .cores import (
 )
 from .errors import BadSettingError
 from .files import exclusive, written_into_place
+from .gguf_info import check_generates, read_gguf
 
 # Every size: auto verifies passes only of sizes measured here (policy.Costs.sizes), and the
 # curve is not smooth (on a Zen 4 here T(15) 10.2, T(16) 8.2, T(17) 10.2 steps).
@@ -659,7 +660,9 @@ def profile_model(
         cpus = format_cpu_list(pinned)  # the canonical spelling, so that the key finds it again
 
     def measure() -> DeviceProfile:
-        model = Model(model_path)
+        info = read_gguf(model_path)
+        check_generates(info)  # an embedding model aborted llama.cpp halfway
+        model = Model(model_path, info)
         attention_s = measure_attention(model, n_threads)
         flash_attn = faster_attention(*attention_s)
         ctx = Context(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)

@@ -539,3 +539,48 @@ def test_a_batch_whose_deepest_row_is_beyond_the_context_is_refused_whatever_its
             ctx.decode([1, 2, 3], 0, positions=[10, 64, 11], seq_ids=[[0], [0], [0]])
     finally:
         ctx.close()
+
+
+def test_a_target_token_the_draft_lacks_reaches_the_draft_as_a_stand_in(smol_path, tmp_path):
+    """A target with tokens added (as a fine-tuned model's chat template may use) and the draft
+    it was made from: a prompt holding one made llama.cpp refuse the draft's batch, a traceback."""
+    import edgespec
+
+    from .helpers import with_extra_tokens
+
+    wider = with_extra_tokens(smol_path, tmp_path / "wider.gguf", 8)
+    engine = edgespec.load(wider, draft=smol_path, n_ctx=512)
+    prompt = engine.prompt_tokens("Say <extra_3> hello, then count to ten.", chat_mode=False)
+    assert max(prompt) >= engine.draft.n_vocab  # an id the draft lacks
+    plain = greedy(engine, prompt, "target", n=24)
+    for mode in ("chain", "tree", "auto"):
+        spec = greedy(engine, prompt, mode, n=24)
+        assert_same_or_near_tie(engine, prompt, plain.tokens, spec.tokens)
+    engine.close()
+
+
+def test_a_model_without_a_bos_token_has_no_text_for_it_not_an_abort(smol_path):
+    """A model with no BOS (-1, RWKV's tokenizer) whose chat template writes bos_token: asking
+    llama.cpp for the text of -1 aborted the process."""
+    model = Model(smol_path, vocab_only=True)
+    assert model.token_text(-1) == b"" and model.token_text(model.n_vocab) == b""
+    assert model.token_text(model.eos)  # a real one still has its text
+
+
+def test_a_model_trained_for_a_short_context_gets_it_when_none_is_asked_for(smol_path, tmp_path):
+    """The default 2048 tokens refused a model trained for 512 unless -c was typed."""
+    import edgespec
+    from edgespec.draft_head import rewrite_gguf
+
+    short = tmp_path / "smol-512.gguf"
+    n_vocab = Model(smol_path, vocab_only=True).n_vocab
+
+    def edit(name, value):
+        return 512 if name.endswith(".context_length") else value
+
+    rewrite_gguf(smol_path, short, edit, range(n_vocab))
+    engine = edgespec.load(short)
+    assert engine.n_ctx == 512 and engine.generate("Hi", max_tokens=4, mode="target").tokens
+    engine.close()
+    with pytest.raises(BadSettingError, match="at most 512"):  # asked for, it is still checked
+        edgespec.load(short, n_ctx=1024)

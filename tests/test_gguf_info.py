@@ -8,8 +8,9 @@ import struct
 import numpy as np
 import pytest
 
+import edgespec
 from edgespec.errors import ModelFileError
-from edgespec.gguf_info import read_gguf
+from edgespec.gguf_info import check_generates, read_gguf
 
 from .helpers import write_tiny_gguf
 
@@ -105,3 +106,28 @@ def test_a_file_without_a_vocabulary_is_refused(tmp_path):
     writer.close()
     with pytest.raises(ModelFileError, match="no tokenizer"):
         read_gguf(path)
+
+
+def test_an_embedding_model_is_refused_by_name_before_it_loads(tmp_path):
+    """A BERT loaded, "generated" nothing and exited 0 (and aborted llama.cpp's profile)."""
+    import gguf
+
+    path = tmp_path / "tiny-bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_causal_attention(False)
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(["[PAD]", "[CLS]", "hello"])
+    writer.add_tensor("token_embd.weight", np.zeros((3, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    info = read_gguf(path)
+    assert not info.causal
+    with pytest.raises(
+        ModelFileError, match=r"tiny-bert\.gguf is an embedding model .* cannot gen"
+    ):
+        check_generates(info)
+    with pytest.raises(ModelFileError, match="embedding model"):  # as target, before loading
+        edgespec.load(path)
+    check_generates(read_gguf(write_tiny_gguf(tmp_path / "causal.gguf", 4)))  # a causal one passes
