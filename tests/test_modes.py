@@ -992,3 +992,27 @@ def test_a_wide_tree_near_the_end_of_the_context_never_expands_past_it(smol_path
     for cut, temperature in itertools.product(range(216, 254, 3), (0.0, 1.0)):
         result = engine.generate(prompt[:cut], max_tokens=60, temperature=temperature, **wide)
         assert result.stats.finish_reason in ("context", "length", "stop"), (cut, temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_greedy_chain_is_verified_as_far_as_it_pays_a_sampled_one_whole(
+    self_draft_engine, monkeypatch, temperature
+):
+    """Verifying only a sampled chain's likely draws tilts the output towards the draft's
+    favourites (test_sampling: p = .5/.3/.2 came out .60/.26/.14); a greedy chain's unlikely
+    tail is left unverified where it does not pay for its place in the pass."""
+    from edgespec import engine as engine_module
+
+    priced = []
+    real = engine_module.best_proposal_length
+
+    def spy(accept_probs, costs):
+        priced.append(len(accept_probs))
+        return real(accept_probs, costs)
+
+    monkeypatch.setattr(engine_module, "best_proposal_length", spy)  # n-gram off: chains alone
+    result = self_draft_engine.generate(
+        PROMPTS[0], max_tokens=48, mode="chain", ngram=False, temperature=temperature, seed=1
+    )
+    assert result.stats.draft_tokens > 8
+    assert bool(priced) == (temperature == 0)
