@@ -730,8 +730,11 @@ class Engine:
         run.pipeline = self.pipelines(cfg.mode)
         run.alpha, run.adaptive_alpha = cfg.alpha_rule()
         run.costs = Costs(self.relative_cost, self.pass_sizes)
-        run.costs.start_from(self._batch_factor)
         if cfg.mode == "auto":
+            # Only auto, whose plain steps draw it back and whose passes measure it again: the
+            # other modes price passes by the profile. Started from a factor of 8, `ngram` and
+            # `tree` decoded a copy plainly to its end: no pass was made to correct it.
+            run.costs.start_from(self._batch_factor)
             run.policy = AutoPolicy(
                 run.costs, self.model_arms, pipelined=run.pipeline, share=self.ceiling_share
             )

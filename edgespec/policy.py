@@ -103,6 +103,11 @@ MIN_DRAFT_ROUNDS = 4
 # this many plain steps (4 s here), about half a code answer; passes correct it again.
 FACTOR_HALF_LIFE = 64
 FACTOR_RELAX = 1.0 - 0.5 ** (1.0 / FACTOR_HALF_LIFE)
+# A generation starts from a stored factor within this ratio of the profile's prices: one of 4.3
+# was stored by an auto answer timed while other programs ran (2026-11-28), and the next answers
+# would have priced every pass out for a hundred plain steps or more. Passes twice as dear as the
+# profile's paired timings measured them mean a busy hour or a stale profile (profile again).
+START_FACTOR_BOUND = 2.0
 
 
 @dataclass
@@ -252,15 +257,20 @@ class Costs:
             self.batch_factor.update(seconds / self.step_s.value / self.relative(k))
 
     def record_pass_as_step(self, k: int, seconds: float) -> None:
-        """A pass of k tokens, where no plain step is ever timed (chain and tree modes): scaled
-        down by what such a pass costs in steps, it stands for one."""
-        self.step_s.update(seconds / self.steps(k))
+        """A pass of k tokens in the modes that time no plain step (chain, tree, ngram): scaled
+        down by what such a pass costs in steps, it stands for one; a pass of one token is a
+        plain step, and draws the pass factor back as one does (record_step)."""
+        if k <= 1:
+            self.record_step(seconds)
+        else:
+            self.step_s.update(seconds / self.steps(k))
 
     def start_from(self, batch_factor: float | None) -> None:
         """Begin with the correction earlier generations measured (this generation's passes
         move it)."""
         if batch_factor is not None and batch_factor > 0:
-            self.batch_factor.value = batch_factor
+            bound = START_FACTOR_BOUND
+            self.batch_factor.value = min(max(batch_factor, 1 / bound), bound)
 
 
 def expected_tokens(accept_probs: Sequence[float]) -> float:

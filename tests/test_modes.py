@@ -483,7 +483,8 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     again = edgespec.load(smol_path, n_ctx=1024)
     assert again._batch_factor == pytest.approx(learnt)
     again.generate(PROMPTS[0], max_tokens=4, mode="auto")
-    assert started_with[0] == pytest.approx((learnt, again.relative_cost(4) * learnt))
+    started = min(max(learnt, 1 / policy.START_FACTOR_BOUND), policy.START_FACTOR_BOUND)
+    assert started_with[0] == pytest.approx((started, again.relative_cost(4) * started))
 
     # Stored again only when it moved by more than timing noise.
     from edgespec.profile import load_batch_factor
@@ -503,9 +504,9 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
 def test_a_dear_pass_factor_no_pass_measures_again_is_not_kept_for_good(
     smol_path, monkeypatch, tmp_path
 ):
-    """A busy stretch left passes priced at 5x the curve; at that price nothing is verified in a
-    pass, so no pass measures it again. The plain steps draw it back, and the next run starts
-    from there."""
+    """A busy stretch left passes priced at 5x the curve, started from as twice (the bound); at
+    that price nothing is verified in a pass, so no pass measures it again. The plain steps draw
+    it back, and the next run starts from there."""
     import edgespec
     from edgespec.ngram import NgramDrafter, Proposal
     from edgespec.policy import FACTOR_HALF_LIFE
@@ -521,7 +522,8 @@ def test_a_dear_pass_factor_no_pass_measures_again_is_not_kept_for_good(
     result = engine.generate(PROMPTS[0], max_tokens=FACTOR_HALF_LIFE + 2, mode="auto")
     # two steps that time one, then FACTOR_HALF_LIFE that draw the factor back
     assert result.stats.choices == {"plain": FACTOR_HALF_LIFE + 2}
-    assert engine._batch_factor == pytest.approx(3.0, rel=0.01)  # half-way back to 1
+    halfway = 1 + (policy.START_FACTOR_BOUND - 1) / 2
+    assert engine._batch_factor == pytest.approx(halfway, rel=0.01)  # from 2, half-way back to 1
     assert load_batch_factor(*key, engine.profile) == engine._batch_factor
 
 
@@ -1016,3 +1018,15 @@ def test_a_greedy_chain_is_verified_as_far_as_it_pays_a_sampled_one_whole(
     )
     assert result.stats.draft_tokens > 8
     assert bool(priced) == (temperature == 0)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "tree"])
+def test_a_dear_stored_pass_factor_does_not_keep_a_mode_from_its_passes(
+    self_draft_engine, monkeypatch, mode
+):
+    """A factor of 8 (one of 4.3 was stored by an auto answer timed beside other programs) had
+    `ngram` and `tree` decode a copy plainly to its end: they time no plain step that would
+    draw it back, and made no pass that would measure it."""
+    monkeypatch.setattr(self_draft_engine, "_batch_factor", 8.0)
+    result = self_draft_engine.generate(COPY_PROMPT, max_tokens=60, mode=mode)
+    assert result.stats.target_passes < result.stats.n_generated / 2

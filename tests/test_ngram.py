@@ -281,6 +281,14 @@ def test_a_token_the_target_replaced_before_copying_on_is_replaced_in_later_copi
     assert proposal.replaced == [False, True, True, False]
 
 
+@pytest.mark.parametrize("max_len", [1, 2, 3])
+def test_a_proposal_with_a_replacement_still_respects_max_len(max_len):
+    drafter, history = renaming_drafter()
+    proposal = drafter.propose(history, max_len=max_len)
+    assert proposal.tokens == [4, 60, 61][:max_len]  # a replacement may be cut short
+    assert len(proposal.origins) == len(proposal.replaced) == len(proposal.tokens)
+
+
 def test_a_replacement_the_target_rejects_is_forgotten():
     drafter, history = renaming_drafter()
     proposal = drafter.propose(history, max_len=4)
@@ -326,3 +334,15 @@ def test_after_text_of_its_own_the_copy_resumes_where_it_broke_not_at_the_latest
         history.append(token)
     assert drafter.propose(history, max_len=2).tokens == [b, nl]
     assert NgramDrafter().propose(history, max_len=2).tokens == [a, nl]  # no copy followed
+
+
+def test_a_copy_resumed_after_text_of_its_own_is_priced_by_its_longest_match():
+    """Where the copy resumes, the text's last 3 and last 2 tokens both match at the same place
+    in the source: the proposal carries the longer match, whose estimates price it."""
+    source = list(range(100, 130))
+    history = [*source, 7, *source[:4]]  # the text has begun to quote its source
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    history += [*source[4:6], 8, *source[6:9]]  # two tokens copied, one of its own, copying on
+    proposal = drafter.propose(history, max_len=3)
+    assert (proposal.tokens, proposal.ngram) == (source[9:12], 3)

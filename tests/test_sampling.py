@@ -120,6 +120,38 @@ def test_top_k_at_least_the_vocabulary_keeps_everything():
     np.testing.assert_allclose(probs, [0.5, 0.3, 0.2])
 
 
+def test_top_k_keeps_k_tokens_where_exactly_k_lie_above_a_starting_threshold():
+    """The cutoff search starts from thresholds 4, 8, 16, 32 and 64 nats below the best token:
+    where exactly k tokens lie above one, that threshold already holds the answer (e.g. the
+    best token alone above e^-4 with top-k 1), and not one token more may survive."""
+    logits = np.array([10.0, 5.0, 4.0, 0.0])
+    assert kept(probs_from_logits(logits, SamplingParams(temperature=1, top_k=1))) == [0]
+    # 1, 3, 4, 8, 16 and 32 tokens between the thresholds: 4, 8, 16, 32 and 64 above them.
+    gaps = np.concatenate(
+        [
+            [0.0],
+            np.linspace(1, 3, 3),
+            np.linspace(5, 7, 4),
+            np.linspace(9, 15, 8),
+            np.linspace(17, 31, 16),
+            np.linspace(33, 63, 32),
+            np.linspace(70, 90, 10),  # and a tail below the last one
+        ]
+    )
+    for k in (4, 8, 16, 32, 64):
+        probs = probs_from_logits(-gaps, SamplingParams(temperature=1, top_k=k))
+        assert kept(probs) == list(range(k)), f"top-k {k}"
+
+
+def test_top_k_keeps_k_tokens_where_a_halving_of_a_crowded_bracket_holds_exactly_k():
+    """A bracket of over 2048 tokens is halved (in log space) before it is sorted: here 1
+    token lies above e^-4 and 3010 above e^-8, so the first halving tries e^-6, above which
+    exactly the 10 asked for lie."""
+    gaps = np.concatenate([[0.0], np.linspace(4.5, 5.5, 9), np.linspace(6.5, 7.5, 3000)])
+    probs = probs_from_logits(-gaps, SamplingParams(temperature=1, top_k=10))
+    assert kept(probs) == list(range(10))
+
+
 @pytest.mark.parametrize(
     ("top_p", "survivors"), [(0.4, [0]), (0.75, [0, 1]), (0.85, [0, 1, 2]), (0.99, [0, 1, 2, 3])]
 )

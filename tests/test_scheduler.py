@@ -136,3 +136,8 @@ def test_a_grafted_branch_neither_keeps_the_draft_going_nor_ends_it() -> None:
     assert verify_cause(tree, alpha=0.5, cfg=cfg) is None  # the draft has not started
     grow(tree, 0, {20: 0.4})
     assert verify_cause(tree, alpha=0.5, cfg=cfg) == "confidence"  # the graft's .96 counts not
+    ended = TokenTree(1)  # the n-gram proposes the end of the text, surer than the draft
+    ended.graft([10, EOG], [0.99, 0.99], max_branches=4, max_nodes=32, is_eog={EOG})
+    assert ended.branches[1].closed
+    grow(ended, 0, {20: 0.9})
+    assert verify_cause(ended, alpha=0.5, cfg=cfg) is None  # the graft's closed .98 counts not

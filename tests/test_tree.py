@@ -5,15 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgespec.sampling import draw_children, sample
 from edgespec.tree import (
     BranchCopy,
     TokenTree,
     branch_children,
     greedy_accept,
+    sampled_accept,
     summarize,
     top_candidates,
     verification_batch,
 )
+
+from .test_sampling import follows, target_and_draft
 
 VOCAB = 50
 EOG = 49
@@ -239,6 +243,19 @@ def test_the_surest_nodes_come_after_their_parents_so_any_first_ones_form_a_tree
         assert all(tree.nodes[node].parent in (0, *surest[:n]) for node in surest[: n + 1])
 
 
+def test_a_child_as_sure_as_its_parent_still_comes_after_it_among_the_surest_nodes() -> None:
+    """A token the draft is certain of leaves its node's confidence equal to its parent's: the
+    tie must not put the child first, or the first node alone would not form a tree."""
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.6, 20: 0.35})
+    tree.expand(0, [(11, 1.0)], max_branches=4, max_nodes=32)  # node 3, under 10 (node 1)
+    assert tree.leaf(0).confidence == tree.nodes[1].confidence
+    surest = tree.surest_nodes()
+    assert surest == [1, 3, 2]
+    for n in range(len(surest)):
+        assert all(tree.nodes[node].parent in (0, *surest[:n]) for node in surest[: n + 1])
+
+
 def test_a_pruned_tree_keeps_the_surest_nodes_and_ends_each_branch_at_its_deepest_kept_one():
     tree = forked_tree()
     renumbered = tree.prune([1, 2, 5])  # 11 and 12, the tips of branches 0 and 2, go
@@ -276,6 +293,62 @@ def test_a_partial_acceptance_keeps_the_most_confident_branch_through_its_end() 
     assert (result.tokens, result.bonus, result.branch) == ([10], 44, 0)  # .30 beats .24
 
 
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+def test_sampled_verification_walks_into_accepted_children_and_samples_after_the_last() -> None:
+    """The target certain of 20, then 21, then 40 (point masses): both draws are accepted, and
+    at the leaf, which the draft never evaluated, the target's own sample is the bonus."""
+    tree = forked_tree()
+    draft = {0: probs({10: 0.6, 20: 0.35}), 2: probs({21: 0.9})}
+    target = {0: probs({20: 1.0}), 2: probs({21: 1.0}), 5: probs({40: 1.0})}
+    draws = {0: [20, 10], 2: [21]}
+    result = sampled_accept(tree, target.__getitem__, draft.__getitem__, draws, rng())
+    assert (result.path, result.tokens, result.bonus, result.branch) == ([0, 2, 5], [20, 21], 40, 1)
+
+
+def test_a_sampled_rejection_at_the_root_keeps_the_most_confident_branch() -> None:
+    tree = forked_tree()
+    draft = {0: probs({10: 0.6, 20: 0.35})}
+    target = {0: probs({42: 1.0})}  # neither 10 nor 20: both draws rejected, 42 the residual
+    result = sampled_accept(tree, target.__getitem__, draft.__getitem__, {0: [10, 20]}, rng())
+    assert (result.path, result.tokens, result.bonus) == ([0], [], 42)
+    assert result.branch == 1  # confidences: branch 1 .315, branch 0 .30, branch 2 .24
+
+
+def test_an_accepted_draw_the_budget_left_without_a_node_is_emitted_and_ends_the_walk() -> None:
+    tree = TokenTree(1)
+    tree.expand(0, [(10, 0.5), (20, 0.3)], max_branches=4, max_nodes=2)  # no room for 20
+    q = probs({10: 0.5, 20: 0.3})
+    result = sampled_accept(tree, lambda node: q, lambda node: q, {0: [20]}, rng())  # p = q
+    assert (result.path, result.tokens, result.bonus, result.branch) == ([0], [], 20, 0)
+
+
+@pytest.mark.parametrize("max_nodes", [3, 2])  # 2: a second distinct draw gets no node
+def test_sampled_verification_emits_the_target_distribution_at_each_position(max_nodes) -> None:
+    """Trees of one level (two children drawn from the draft at the root) for a toy target whose
+    distribution depends only on the position: p0 at the root, p1 after it. A round that
+    accepts a child emits the target's sample at that leaf as well; after one that does not,
+    the next round's first token is a sample of p1."""
+    p0, q0 = target_and_draft(seed=11)
+    p1, _ = target_and_draft(seed=12)
+    generator = np.random.default_rng(2)
+    tokens = np.empty((20_000, 2), dtype=np.int64)
+    for row in tokens:
+        tree = TokenTree(0)
+        draws = {0: draw_children(q0, 2, generator)}
+        children = [(token, float(q0[token])) for token in dict.fromkeys(draws[0])]
+        tree.expand(0, children, max_branches=4, max_nodes=max_nodes)
+        # Every node but the root (node 0) sits at depth 1.
+        result = sampled_accept(tree, lambda n: p1 if n else p0, lambda n: q0, draws, generator)
+        emitted = [*result.tokens, result.bonus]
+        row[:] = [*emitted, sample(p1, generator)][:2]
+    assert follows(tokens[:, 0], p0)
+    assert follows(tokens[:, 1], p1)
+    assert follows(tokens[:, 0] * p0.size + tokens[:, 1], np.outer(p0, p1).ravel())
+
+
 def test_the_summary_ranks_the_winner_and_scores_the_most_confident_branch() -> None:
     tree = forked_tree()
     summary = summarize(tree, greedy_accept(tree, np.array([10, 12, 0, 0, 33, 0])))
@@ -310,11 +383,20 @@ def test_a_draft_token_equal_to_a_grafted_child_shares_its_node() -> None:
     grow(tree, 0, {10: 0.95})
     assert len(tree.nodes) == 4  # no second node for 10
     assert tree.branches[0].leaf == 1 and tree.leaf(0).confidence == pytest.approx(0.95)
+    assert tree.leaf(0).prob == pytest.approx(0.95)  # the surer of the graft's .9 and the draft's
     grow(tree, 0, {13: 0.6, 11: 0.35})  # 11 already has its node: no duplicate branch for it
     assert [n.token for n in tree.nodes] == [1, 10, 11, 12, 13]
     assert len(tree.branches) == 2
     _, _, seq_ids = verification_batch(tree)
     assert seq_ids == [[0, 1], [0, 1], [1], [1], [0]]
+
+
+def test_runners_up_after_one_a_grafted_branch_already_has_still_start_branches() -> None:
+    tree = grafted_tree()
+    grow(tree, 0, {10: 0.95})
+    grow(tree, 0, {13: 0.5, 11: 0.25, 14: 0.2}, branch_p=0.15)  # 11 has its node: 14 branches
+    assert [n.token for n in tree.nodes] == [1, 10, 11, 12, 13, 14]
+    assert [tree.leaf(b).token for b in range(3)] == [13, 12, 14]
 
 
 def test_tokens_only_the_grafted_branch_proposed_are_counted_when_accepted() -> None:
