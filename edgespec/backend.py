@@ -321,7 +321,7 @@ class Context:
         self._n_vocab = model.n_vocab
         # A narrowed draft outputs a row of logits and a hidden state for every row of a batch,
         # wanted or not (hidden states on): a prompt's batches of 512 rows took 163 MB more
-        # memory for good (a chat's catch-up of 1,500 tokens), in batches of 64 rows 21 MB.
+        # memory for good (a chat's catch-up of 1,500 tokens), in batches of 64 rows 42 MB.
         self._prefill_rows = PREFILL_ROWS_NARROWED if model.head else n_batch
         # Only a draft's guesses depend on what it is fed for a token it lacks, and any id of its
         # own serves; the id itself made llama.cpp refuse the batch (a traceback mid-answer).
