@@ -506,7 +506,7 @@ def test_with_no_model_named_profile_measures_the_draft_run_would_use(
     real = resolve_model
     monkeypatch.setattr(
         "edgespec.cli.app.resolve_model",
-        lambda name, default: real(name, None) if name else fetched.get(default),
+        lambda name, default, fetch=True: real(name, None, fetch) if name else fetched.get(default),
     )
 
     result = CliRunner().invoke(runner_app, ["profile", "-t", "1", "--quick", "--json"])
