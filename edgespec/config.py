@@ -199,21 +199,16 @@ def parse_value(name: str, text: str) -> object:
     kind = KINDS[name]
     if kind is str:
         return _checked(name, text)
+    if not text.isascii():
+        raise _Invalid(_rule(name))
     try:
-        if not text.isascii():
-            raise ValueError(text)
-        value: object = float(text) if kind is float or not _is_int_text(text) else int(text)
+        value: object = kind(text)
     except ValueError:
-        raise _Invalid(_rule(name)) from None
+        try:
+            value = float(text)  # 2.0 for a whole number: _checked takes it as 2
+        except ValueError:
+            raise _Invalid(_rule(name)) from None
     return _checked(name, value)
-
-
-def _is_int_text(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _checked(name: str, value: object) -> object:
@@ -233,8 +228,11 @@ def _checked(name: str, value: object) -> object:
             raise _Invalid("a finite number")
     if name in CHOICES and value not in CHOICES[name]:
         raise _Invalid(_rule(name))
-    if name in MODELS and (not value or "\0" in value):  # '' was ".", a NUL a ValueError
-        raise _Invalid("a model's path or catalogue name")
+    if name in MODELS:  # as run reads it: '' was ".", a NUL a ValueError
+        try:
+            user_path(value, name)
+        except BadSettingError:
+            raise _Invalid("a model's path or catalogue name") from None
     return value
 
 

@@ -257,13 +257,9 @@ class Costs:
             self.batch_factor.update(seconds / self.step_s.value / self.relative(k))
 
     def record_pass_as_step(self, k: int, seconds: float) -> None:
-        """A pass of k tokens in the modes that time no plain step (chain, tree, ngram): scaled
-        down by what such a pass costs in steps, it stands for one; a pass of one token is a
-        plain step, and draws the pass factor back as one does (record_step)."""
-        if k <= 1:
-            self.record_step(seconds)
-        else:
-            self.step_s.update(seconds / self.steps(k))
+        """A pass of k tokens, where no plain step is ever timed (chain and tree modes): scaled
+        down by what such a pass costs in steps, it stands for one."""
+        self.step_s.update(seconds / self.steps(k))
 
     def start_from(self, batch_factor: float | None) -> None:
         """Begin with the correction earlier generations measured (this generation's passes

@@ -328,15 +328,6 @@ def test_a_stored_pass_factor_is_started_from_within_reason():
         assert c.batch_factor.value == pytest.approx(started)
 
 
-def test_a_one_token_pass_of_the_modes_without_plain_steps_is_one_and_draws_the_factor_back():
-    c = costs(step_s=0.03)
-    c.start_from(1.8)
-    for _ in range(FACTOR_HALF_LIFE):
-        c.record_pass_as_step(1, 0.04)  # tree and ngram modes' rounds that verified nothing
-    assert c.batch_factor.value == pytest.approx(1.4)
-    assert c.step_s.value == pytest.approx(0.04, rel=0.01)
-
-
 def test_a_stale_dear_pass_factor_reopens_the_gate_for_model_drafts():
     """At 1.36x the profile a model chain's ceiling cannot pay (the gate shuts, no chain is
     tried and no pass timed); after some plain steps the factor is back where tries decide."""
