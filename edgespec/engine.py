@@ -398,11 +398,17 @@ class Engine:
         # sizes may differ by up to 128 (Qwen2.5's 0.5B has 151,936 tokens, its 7B 152,064).
         self._draft_vocab = draft.vocab_size if draft else 0
         self._q_rows = np.empty((0, target.n_vocab if draft else 0), dtype=np.float32)
+        # Likewise the target's distribution when sampling, at one position at a time: a plain
+        # step's, or a verification's, which reads each position's once, before the next's.
+        self._p_row = np.empty(target.n_vocab, dtype=np.float32)
         # A narrowed draft's logits row j is token ids[j] (draft_head.py), a list that grows.
         self._draft_head = draft.head if draft is not None else None
         self._draft_id_list = self._draft_head.ids if self._draft_head else None
         n_rows = draft.n_vocab + MAX_EXTRA_TOKENS if self._draft_head else self._draft_vocab
         self._near_mask = np.empty(n_rows, dtype=bool)  # see top_candidates
+        # A narrowed draft's distribution over its own rows, before it is spread over the target's
+        # ids.
+        self._narrowed_probs = np.empty(n_rows if self._draft_head else 0, dtype=np.float32)
         self._target_mask = np.empty(target.n_vocab, dtype=bool)
         # Auto mode's ways of drafting with the model, and what they measured so far (here, or
         # in an earlier run on this device: a try that lost then is not repeated at once).
@@ -902,23 +908,35 @@ class Engine:
         ids = self._draft_id_list
         return candidates if ids is None else [(ids[t], p) for t, p in candidates]
 
-    def _draft_probs(self, row: np.ndarray, params: SamplingParams, out: np.ndarray) -> None:
+    def _draft_probs(self, row: np.ndarray, params: SamplingParams, out: np.ndarray) -> np.ndarray:
         """The draft's distribution from its logits row, over the target's token ids, into `out`.
         Tokens only the draft has are never drawn (their mass goes to the others): the target
-        could not evaluate them. Tokens only the target has have probability 0."""
-        probs = probs_from_logits(row, params)
+        could not evaluate them. Tokens only the target has have probability 0.
+
+        Returns the same distribution over the draft's rows, where a draw costs less: a narrowed
+        draft's row j is token `_draft_id_list[j]` (32k rows against 152k ids); otherwise row j
+        is token j, and it is `out` itself."""
         if self._draft_head is None:  # row i is token i: the ids both models have line up
-            n = len(probs)  # at most the target's: the draft's rows leave out tokens it lacks
-            out[:n] = probs
+            n = len(row)  # at most the target's: the draft's rows leave out tokens it lacks
+            probs_from_logits(row, params, out=out[:n])
             out[n:] = 0.0  # tokens only the target has
-            return
+            return out
+        probs = probs_from_logits(row, params, out=self._narrowed_probs[: len(row)])
         out.fill(0.0)  # what a narrowed draft cannot propose
         ids = self._draft_head.id_array
         if self._draft_vocab <= len(out):
             out[ids] = probs
-        else:  # those past the target's vocabulary have probability 0 (Context's vocab_limit)
+        else:  # those past the target's vocabulary have probability 0 (DraftHead.propose_below)
             kept = ids < len(out)
             out[ids[kept]] = probs[kept]
+        return probs
+
+    def _draft_sample(
+        self, row: np.ndarray, params: SamplingParams, out: np.ndarray, rng: np.random.Generator
+    ) -> int:
+        """A token drawn from the draft's distribution, which is left in `out` (_draft_probs)."""
+        drawn = sample(self._draft_probs(row, params, out), rng)
+        return drawn if self._draft_id_list is None else self._draft_id_list[drawn]
 
     def _draft_rows(self, n: int) -> np.ndarray:
         """A reused (n, vocab) buffer for the draft's distributions at drafted positions."""
@@ -945,7 +963,8 @@ class Engine:
         run.stats.target_passes += 1
         if run.sampling.greedy:
             return int(row.argmax()), row
-        return sample(probs_from_logits(row, run.sampling), run.rng), row
+        probs = probs_from_logits(row, run.sampling, out=self._p_row)
+        return sample(probs, run.rng), row
 
     def _round_chain_mode(self, run: _Run, room: int) -> list[int]:
         """--mode chain: draft up to --draft-max tokens with the model, verify them in one target
@@ -1069,8 +1088,7 @@ class Engine:
                 token, confidence = self._draft_candidates(row, 1)[0]
                 confidences.append(confidence)
             else:
-                self._draft_probs(row, params, q_rows[i])
-                token = sample(q_rows[i], run.rng)
+                token = self._draft_sample(row, params, q_rows[i], run.rng)
                 confidences.append(float(q_rows[i][token]))
             proposed.append(token)
             if draft.is_eog(token) or (keep_going is not None and not keep_going(confidences)):
@@ -1154,21 +1172,26 @@ class Engine:
                 n_ok += 1
                 next_token = int(logits[n_ok].argmax())
         elif from_draft:
-            p_rows = RowsOnDemand(len(logits), lambda i: probs_from_logits(logits[i], params))
+            # Every position's distribution in the one buffer, each read before the next is
+            # asked for; a rejection's residual overwrites its own.
+            p_row = self._p_row
+            p_rows = RowsOnDemand(
+                len(logits), lambda i: probs_from_logits(logits[i], params, out=p_row)
+            )
             n_ok, next_token = accept_chain(
-                proposed, self._q_rows[: len(proposed)], p_rows, run.rng
+                proposed, self._q_rows[: len(proposed)], p_rows, run.rng, overwrite_p=True
             )
         else:
-            n_ok, next_token = 0, -1
+            n_ok, next_token, p = 0, -1, self._p_row
             for token, row in zip(proposed, logits, strict=False):
                 accepted, next_token = accept_point_mass(
-                    token, probs_from_logits(row, params), run.rng
+                    token, probs_from_logits(row, params, out=p), run.rng, overwrite_p=True
                 )
                 if accepted is None:
                     break
                 n_ok += 1
             if n_ok == len(proposed):
-                next_token = sample(probs_from_logits(logits[n_ok], params), run.rng)
+                next_token = sample(probs_from_logits(logits[n_ok], params, out=p), run.rng)
         if proposed:
             stats.record_verification(len(proposed), n_ok)
         committed = root_pos + 1 + n_ok  # positions below this hold committed tokens
@@ -1242,8 +1265,7 @@ class Engine:
                 last, confidence = self._draft_candidates(row, 1)[0]
             else:
                 q = q_rows[n_proposed + len(tokens)]
-                self._draft_probs(row, params, q)
-                last = sample(q, run.rng)
+                last = self._draft_sample(row, params, q, run.rng)
                 confidence = float(q[last])
             tokens.append(last)
             confidences.append(confidence)
@@ -1480,12 +1502,14 @@ class Engine:
                 children = branch_children(candidates, cfg.branch_p, chance)
             else:
                 probs = q_rows[node]
-                self._draft_probs(row, params, probs)
+                own_rows = self._draft_probs(row, params, probs)  # drawn from: fewer rows
                 # As many draws as the draft has likely candidates, decided before drawing: the
                 # count may depend on q, never on the draws themselves.
                 room_for = cfg.max_branches - len(tree.branches) + 1
-                n_draws = max(1, min(room_for, int(np.count_nonzero(probs >= cfg.branch_p))))
-                draws[node] = draw_children(probs, n_draws, run.rng)
+                likely = int(np.count_nonzero(own_rows >= cfg.branch_p))
+                drawn = draw_children(own_rows, max(1, min(room_for, likely)), run.rng)
+                ids = self._draft_id_list
+                draws[node] = drawn if ids is None else [ids[t] for t in drawn]
                 children = [(t, float(probs[t])) for t in dict.fromkeys(draws[node])]
             copies = tree.expand(
                 branch,
@@ -1529,12 +1553,14 @@ class Engine:
             for node, (top, p_top) in argmax_of.items():
                 run.calibrator.record(p_top, bool(top == target_argmax[node]))
         else:
+            p_row = self._p_row  # each node's read before the next's (as in chains)
             accepted = sampled_accept(
                 tree,
-                lambda node: probs_from_logits(logits[node], params),
+                lambda node: probs_from_logits(logits[node], params, out=p_row),
                 lambda node: q_rows[node],
                 draws,
                 run.rng,
+                overwrite_target_rows=True,
             )
         stats.target_passes += 1
         if len(tree.nodes) > 1:

@@ -67,7 +67,9 @@ def _require(ok: bool, flag: str, rule: str, value: object) -> None:
         raise BadSettingError(f"{flag} must be {rule} (got {shown})")
 
 
-def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+def probs_from_logits(
+    logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None
+) -> np.ndarray:
     """The distribution the next token is sampled from, for one row of logits of shape (V,).
 
     Filters apply in the order of transformers' logits processors: temperature, top-k, top-p
@@ -77,20 +79,24 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     argmax.
 
     The result is dense, sums to 1, has exact zeros for filtered tokens and the dtype of the logits
-    (float32 from llama.cpp; float64 for integer input). Draft and target rows must both come from
-    this function with the same params: speculative sampling is exact only for the
-    distributions it compares.
+    (float32 from llama.cpp; float64 for integer input), or is written into `out` (a float row of
+    the same length, which may be the logits themselves): the decode loop passes a buffer it
+    reuses, as a fresh row of Qwen's 152k floats a token costs its allocation's page faults too.
+    Draft and target rows must both come from this function with the same params: speculative
+    sampling is exact only for the distributions it compares.
     """
     logits = np.asarray(logits)
     if not np.issubdtype(logits.dtype, np.floating):
         logits = logits.astype(np.float64)
     if params.greedy:
-        probs = np.zeros_like(logits)
-        probs[np.argmax(logits)] = 1
+        best = np.argmax(logits)
+        probs = np.zeros_like(logits) if out is None else out
+        probs.fill(0)
+        probs[best] = 1
         return probs
     # Weights relative to the best token, exp((logit - max) / T): the best weighs 1, so min-p is
     # a plain threshold on them. In place, because every fresh 152k array costs a pass or more.
-    weights = logits - logits.max()
+    weights = np.subtract(logits, logits.max(), out=out)
     if params.temperature != 1:
         # At most 1e30: 1/T beyond float32's range (T < 3e-39) was inf, and the best token's
         # 0 * inf a NaN. A token g below the best still weighs exp(-g * 1e30), 0 for any gap
@@ -237,13 +243,15 @@ def accept_chain(
     q_rows: Sequence[np.ndarray],
     p_rows: Sequence[np.ndarray],
     rng: np.random.Generator,
+    *,
+    overwrite_p: bool = False,
 ) -> tuple[int, int]:
     """Speculative sampling of a drafted chain: (draft tokens accepted, token to append after them).
 
     q_rows[i] is the distribution draft_tokens[i] was drawn from and p_rows[i] the target's at the
     same position; p_rows has one more row, for the bonus token after a fully accepted chain. Each
     draft token is accepted with probability min(1, p/q); the first rejected one is replaced by a
-    sample from norm(max(0, p - q)).
+    sample from norm(max(0, p - q)), computed in the rejected p row itself if `overwrite_p`.
     """
     k = len(draft_tokens)
     if len(q_rows) != k or len(p_rows) != k + 1:
@@ -254,24 +262,30 @@ def accept_chain(
     for i, (token, q) in enumerate(zip(draft_tokens, q_rows, strict=True)):
         p = p_rows[i]  # p_rows may compute its rows when asked (RowsOnDemand)
         if not _accept_draw(int(token), q, p, rng):
-            residual = _residual(p, q)
+            residual = _residual(p, q, out=p if overwrite_p else None)
             # No residual mass means p == q, where rejection only happens through round-off.
-            return i, sample(p if residual is None else residual, rng)
+            return i, sample(q if residual is None else residual, rng)
     return k, sample(p_rows[k], rng)
 
 
 def accept_among_children(
-    draws: Sequence[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator
+    draws: Sequence[int],
+    q: np.ndarray,
+    p: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    overwrite_p: bool = False,
 ) -> tuple[int | None, int]:
     """SpecInfer's multi-step speculative sampling at one tree node.
 
     `draws` were drawn i.i.d. with replacement from q (draw_children), duplicates included: the
     tree keeps one child per distinct token, but every draw is a trial here. Returns
     (token, token) when a draw is accepted (the caller moves into that child), or (None, token)
-    with the token sampled from what is left of p when every draw is rejected.
+    with the token sampled from what is left of p when every draw is rejected (in p itself if
+    `overwrite_p`).
     """
     p_current = p
-    owns_p_current = False  # whether p_current is our own buffer, free to overwrite
+    owns_p_current = overwrite_p  # whether p_current is free to overwrite
     # I.i.d. draws are exchangeable, so shuffling leaves draw_children's output as it is; it
     # protects against callers that reorder draws (say by probability), which would tie the order
     # to the tokens and break the guarantee.
@@ -292,18 +306,19 @@ def accept_among_children(
 
 
 def accept_point_mass(
-    token: int, p: np.ndarray, rng: np.random.Generator
+    token: int, p: np.ndarray, rng: np.random.Generator, *, overwrite_p: bool = False
 ) -> tuple[int | None, int]:
     """Speculative sampling of a deterministic proposal (a greedy draft), the point mass on token.
 
     Accept with probability p(token), else sample from p without token, renormalised: the
     standard rule with q = δ_token, as max(0, p - δ_token) is p with token's entry zeroed.
-    Returns (token, token) or (None, replacement), like accept_among_children.
+    Returns (token, token) or (None, replacement), like accept_among_children; a rejection
+    zeroes token's entry in p itself if `overwrite_p`.
     """
     token = int(token)
     if rng.random() < p[token]:
         return token, token
-    rest = np.array(p, copy=True)
+    rest = p if overwrite_p else np.array(p, copy=True)
     rest[token] = 0
     if not rest.sum() > 0:  # p was the point mass itself, rejected only through round-off
         return token, token

@@ -316,6 +316,8 @@ def sampled_accept(
     draft_probs: Callable[[int], np.ndarray],
     draws: Mapping[int, Sequence[int]],
     rng: np.random.Generator,
+    *,
+    overwrite_target_rows: bool = False,
 ) -> Acceptance:
     """SpecInfer's multi-step speculative sampling down the tree: the emitted tokens follow the
     target's distribution exactly.
@@ -325,6 +327,7 @@ def sampled_accept(
     distribution; an accepted draw moves into its child, else the residual's sample ends the walk.
     At a node the draft never evaluated (a leaf), the target's own sample ends it. A draw accepted
     for which the tree has no child (a budget cut it) is emitted and ends the walk too.
+    With `overwrite_target_rows` a rejection leaves its residual in the row target_probs gave.
     """
     path = [0]
     while True:
@@ -334,7 +337,9 @@ def sampled_accept(
         if not node_draws:
             token = sample(p, rng)
             break
-        accepted, token = accept_among_children(node_draws, draft_probs(node), p, rng)
+        accepted, token = accept_among_children(
+            node_draws, draft_probs(node), p, rng, overwrite_p=overwrite_target_rows
+        )
         child = next(
             (c for c in tree.nodes[node].children if tree.nodes[c].token == accepted), None
         )

@@ -211,6 +211,26 @@ def test_logits_are_left_untouched():
     np.testing.assert_array_equal(logits, before)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1),
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.02),
+    ],
+)
+def test_a_row_written_into_a_reused_buffer_is_the_fresh_one(params):
+    """The decode loop passes `out` (no vocabulary-sized allocation a token): the same
+    distribution, whatever the buffer held before."""
+    logits = llm_like_logits(seed=4)
+    buffer = np.full_like(logits, 7.0)
+
+    written = probs_from_logits(logits, params, out=buffer)
+
+    assert written is buffer
+    np.testing.assert_array_equal(buffer, probs_from_logits(logits, params))
+
+
 def reference_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """transformers' warpers written plainly over a full sort, in float64."""
     scaled = logits.astype(np.float64) / params.temperature
@@ -531,6 +551,39 @@ def test_zero_residual_falls_back_to_sampling_the_remaining_target():
         assert p[token] > 0
         _, token = accept_chain([5], [q], [p, p], rng)
         assert p[token] > 0
+        # Free to overwrite p, the rules have zeroed it by then: they sample from q (== p).
+        _, token = accept_among_children([5, 5], q, p.copy(), rng, overwrite_p=True)
+        assert p[token] > 0
+        _, token = accept_chain([5], [q], [p.copy(), p], rng, overwrite_p=True)
+        assert p[token] > 0
+
+
+def decide_each_way(rule: Callable, args: tuple, p: np.ndarray, seed: int) -> tuple:
+    """`rule(*args, p_rows, rng)` seeded alike, left p (three rows of it), then free to
+    overwrite them: (both decisions, whether the first left p untouched)."""
+    rows = [p.copy() for _ in range(3)]
+    left = rule(*args, rows if rule is accept_chain else rows[0], np.random.default_rng(seed))
+    untouched = all(np.array_equal(row, p) for row in rows)
+    rows = [p.copy() for _ in range(3)]
+    target = rows if rule is accept_chain else rows[0]
+    overwritten = rule(*args, target, np.random.default_rng(seed), overwrite_p=True)
+    return left, overwritten, untouched
+
+
+def test_rules_free_to_overwrite_p_decide_as_the_ones_that_leave_it():
+    """The engine lets the rules write a rejection's residual into the target's row (a buffer of
+    its own); the decisions, seeded alike, are the same, and without the flag p is untouched."""
+    for seed in range(200):
+        p, q = target_and_draft(seed, overconfident_draft=seed % 2 == 0)
+        draws = draw_children(q, 3, np.random.default_rng(seed))
+        for rule, args in (
+            (accept_chain, (draws[:2], [q, q])),
+            (accept_among_children, (draws, q)),
+            (accept_point_mass, (draws[0],)),
+        ):
+            left, overwritten, untouched = decide_each_way(rule, args, p, seed)
+            assert untouched, rule.__name__
+            assert overwritten == left, (rule.__name__, seed)
 
 
 @pytest.mark.parametrize("proposed", [7, 0])  # p(0) = 0: always rejected

@@ -8,7 +8,9 @@ for n-gram proposals (point masses).
 
 from __future__ import annotations
 
+import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -214,3 +216,36 @@ def test_a_seed_makes_sampling_reproducible_and_another_seed_differs(q2_draft_en
 
     assert text(1) == text(1)
     assert text(1) != text(2)
+
+
+def largest_allocation_at_once(run: Callable[[], object]) -> int:
+    """The most memory `run` held at any moment beyond what it began with, in bytes, as
+    tracemalloc counts it (numpy reports its arrays to it; llama.cpp's own memory is not seen)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        held, _ = tracemalloc.get_traced_memory()
+        run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - held
+
+
+@pytest.mark.parametrize("mode", list(FIXED_DRAFTING))
+def test_sampling_allocates_no_row_of_the_vocabulary_while_decoding(q2_draft_engine, mode):
+    """Each sampled token is a distribution over the whole vocabulary (Qwen's: 0.6 MB of
+    float32): the decode loop writes them into buffers it keeps, never into a fresh array, not
+    even for a moment. The first run sizes the buffers; the same seed drafts the same again."""
+    engine = q2_draft_engine
+    prompt = engine.prompt_tokens(NGRAM_PROMPT, chat_mode=False)
+
+    def generate() -> None:
+        result = engine.generate(
+            prompt, max_tokens=24, mode=mode, seed=3, temperature=0.9, **FIXED_DRAFTING[mode]
+        )
+        assert result.stats.n_generated == 24 and (mode == "target" or result.stats.draft_tokens)
+
+    generate()
+    row = engine.target.n_vocab * np.dtype(np.float32).itemsize
+    assert largest_allocation_at_once(generate) < row / 2

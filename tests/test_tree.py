@@ -325,12 +325,16 @@ def test_an_accepted_draw_the_budget_left_without_a_node_is_emitted_and_ends_the
     assert (result.path, result.tokens, result.bonus, result.branch) == ([0], [], 20, 0)
 
 
+@pytest.mark.parametrize("overwrite", [False, True])  # the engine's: rows of its own buffer
 @pytest.mark.parametrize("max_nodes", [3, 2])  # 2: a second distinct draw gets no node
-def test_sampled_verification_emits_the_target_distribution_at_each_position(max_nodes) -> None:
+def test_sampled_verification_emits_the_target_distribution_at_each_position(
+    max_nodes, overwrite
+) -> None:
     """Trees of one level (two children drawn from the draft at the root) for a toy target whose
     distribution depends only on the position: p0 at the root, p1 after it. A round that
     accepts a child emits the target's sample at that leaf as well; after one that does not,
-    the next round's first token is a sample of p1."""
+    the next round's first token is a sample of p1. Free to overwrite the target's rows, the
+    walk leaves a rejection's residual in them, so each row given is a fresh copy."""
     p0, q0 = target_and_draft(seed=11)
     p1, _ = target_and_draft(seed=12)
     generator = np.random.default_rng(2)
@@ -341,7 +345,14 @@ def test_sampled_verification_emits_the_target_distribution_at_each_position(max
         children = [(token, float(q0[token])) for token in dict.fromkeys(draws[0])]
         tree.expand(0, children, max_branches=4, max_nodes=max_nodes)
         # Every node but the root (node 0) sits at depth 1.
-        result = sampled_accept(tree, lambda n: p1 if n else p0, lambda n: q0, draws, generator)
+        result = sampled_accept(
+            tree,
+            lambda n: (p1 if n else p0).copy(),
+            lambda n: q0,
+            draws,
+            generator,
+            overwrite_target_rows=overwrite,
+        )
         emitted = [*result.tokens, result.bonus]
         row[:] = [*emitted, sample(p1, generator)][:2]
     assert follows(tokens[:, 0], p0)
