@@ -90,7 +90,7 @@ def probs_from_logits(
         logits = logits.astype(np.float64)
     if params.greedy:
         best = np.argmax(logits)
-        probs = np.zeros_like(logits) if out is None else out
+        probs = np.empty_like(logits) if out is None else out
         probs.fill(0)
         probs[best] = 1
         return probs
