@@ -193,6 +193,7 @@ class Model:
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(self._model)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
+        self._eog_memo: dict[int, bool] = {}
 
     @property
     def name(self) -> str:
@@ -236,7 +237,12 @@ class Model:
     def is_eog(self, token: int) -> bool:
         if self._eog_ids is not None:
             return token in self._eog_ids
-        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+        # Asked for every committed token and every n-gram proposal's: a dict lookup, not a
+        # call into llama.cpp each time.
+        known = self._eog_memo.get(token)
+        if known is None:
+            known = self._eog_memo[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
+        return known
 
     def special_tokens(self) -> list[int]:
         """Control, user-defined and byte tokens: those a narrowed draft always keeps."""

@@ -1014,9 +1014,20 @@ class Engine:
     def _priced_proposal(self, run: _Run, room: int) -> tuple[Proposal, int, float | None]:
         """The n-gram drafter's proposal (up to MAX_NGRAM_DRAFT), and `_ngram_length` of it."""
         limit = min(MAX_NGRAM_DRAFT, room, self._tokens_left(run) - 1)
-        proposal = run.ngram.propose(run.tokens, max(limit, 0))
+        proposal = self._end_at_eog(run.ngram.propose(run.tokens, max(limit, 0)))
         run.ngram.watch(proposal, len(run.tokens))  # learn what it was worth, verified or not
         return proposal, *self._ngram_length(run, proposal)
+
+    def _end_at_eog(self, proposal: Proposal) -> Proposal:
+        """`proposal` cut after its first end-of-generation token: generation stops there, so
+        tokens past it would be verified, and counted as accepted, for nothing (a copy of a
+        chat's earlier answer runs on past its end-of-turn into the next message)."""
+        is_eog = self.target.is_eog
+        for i, token in enumerate(proposal.tokens):
+            if is_eog(token):
+                del proposal.tokens[i + 1 :], proposal.origins[i + 1 :], proposal.replaced[i + 1 :]
+                break
+        return proposal
 
     def _ngram_length(self, run: _Run, proposal: Proposal) -> tuple[int, float | None]:
         """How much of the n-gram proposal to verify for the best expected rate, and that rate;
@@ -1304,7 +1315,7 @@ class Engine:
             run.stats.record_choice("ngram" if length else "plain")
             return self._verify_ngram(run, proposal.tokens[:length])
         k = min(run.cfg.draft_max, room, self._tokens_left(run) - 1)
-        proposal = run.ngram.propose(run.tokens, max(k, 0))
+        proposal = self._end_at_eog(run.ngram.propose(run.tokens, max(k, 0)))
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
         run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1, proposal.streak)
         return decided

@@ -134,6 +134,35 @@ def test_ngram_mode_verifies_a_proposal_only_as_far_as_it_pays(plain_engine, sam
     assert pooled(priced, "draft_tokens") == 0 or acceptance(priced) > acceptance(fixed)
 
 
+@pytest.mark.parametrize("draft_max", [8, None])
+def test_no_pass_verifies_tokens_past_an_end_of_generation(plain_engine, draft_max, monkeypatch):
+    """Generation stops at an end-of-generation token, so a proposal copying text that went on
+    after one (a chat's earlier turns) is verified only up to it: tokens past it would be work
+    no one sees, counted as accepted. Fixed (--draft-max) and priced proposals; auto and the
+    model modes take theirs from the priced path (verifying nearly free: it proposes far)."""
+    price_passes_with_a_flat_curve(plain_engine, monkeypatch)
+    target = plain_engine.target
+    eog = target.eos
+    turn = target.tokenize(" The cat sat on the mat.", add_special=False)
+    more = target.tokenize(" Then the dog came in and sat down too.", add_special=False)
+    prompt = [*[*turn, eog, *more] * 6, *turn[:3]]  # the copy goes on through the end
+    batches = []
+    decode = plain_engine.target_ctx.decode
+
+    def spy(tokens, start_pos, **kw):
+        batches.append(list(tokens))
+        return decode(tokens, start_pos, **kw)
+
+    monkeypatch.setattr(plain_engine.target_ctx, "decode", spy)
+    result = plain_engine.generate(prompt, max_tokens=40, mode="ngram", draft_max=draft_max)
+    verified = [batch for batch in batches[1:] if len(batch) > 1]  # after the prompt's
+    assert verified, "no n-gram proposal was verified: the test shows nothing"
+    assert any(eog in batch for batch in verified), "no proposal reached the end"
+    for batch in verified:
+        assert eog not in batch[:-1], f"a pass verified past the end: {batch}"
+    assert result.stats.accepted_tokens <= result.stats.n_generated + 1
+
+
 def test_each_tree_node_gets_the_logits_of_its_own_path(smol_path, plain_engine):
     """One tree pass with several branches gives every node what evaluating its root-to-node path
     alone gives (within batch numerics): the sequence-id method really isolates branches."""
