@@ -254,9 +254,23 @@ def load_engine(
         adapt_threads=adapt_threads,
         verbose=verbose,
     )
+    note_draft_trained_shorter(engine)
     if profile:
         profile_if_needed(engine, settings)
     return engine
+
+
+def note_draft_trained_shorter(engine: Engine) -> None:
+    """A draft trained on fewer tokens than the context holds drafts worse past them (llama.cpp
+    says so only in its log, which is off): said, not refused, as the text stays the target's
+    whatever the draft proposes."""
+    draft = engine.draft
+    if draft is not None and 0 < draft.n_ctx_train < engine.n_ctx:
+        note(
+            f"{draft.path.name} was trained on {draft.n_ctx_train:,} tokens and the context holds "
+            f"{engine.n_ctx:,}: past {draft.n_ctx_train:,} its drafts may be accepted less often "
+            "(the text is the target's all the same)"
+        )
 
 
 def check_pipeline_mode(pipeline: bool | None, mode: str | None) -> None:

@@ -630,6 +630,27 @@ def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     one_line_error(code, err, "prompt has", "the context holds 64")
 
 
+@pytest.fixture(scope="module")
+def smol_trained_on_512(tmp_path_factory, smol_path) -> Path:
+    """A copy of SmolLM2 whose header says it was trained on 512 tokens (8192 in truth)."""
+    copy = tmp_path_factory.mktemp("short") / "smollm2-135m-512.gguf"
+    shutil.copy(smol_path, copy)
+    command = [sys.executable, "-m", "gguf.scripts.gguf_set_metadata", "--force"]
+    subprocess.run([*command, str(copy), "llama.context_length", "512"], check=True,
+                   capture_output=True)  # fmt: skip
+    return copy
+
+
+@pytest.mark.parametrize("ctx_size, said", [("1024", True), ("512", False)])
+def test_a_draft_trained_on_less_than_the_context_is_said_and_used(
+    capsys, smol_path, smol_trained_on_512, ctx_size, said
+):
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(smol_trained_on_512),
+                         "--mode", "chain", "-c", ctx_size, "-n", "4", "Hello!")  # fmt: skip
+    assert code == 0 and out.strip()
+    assert ("was trained on 512 tokens and the context holds 1,024" in err) is said, err
+
+
 @pytest.mark.parametrize("command", ["run", "chat"])
 def test_a_mode_that_needs_a_draft_says_so_before_loading_anything(
     capsys, smol_path, monkeypatch, command
