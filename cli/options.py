@@ -93,7 +93,8 @@ CtxSize = Annotated[
     typer.Option(
         "--ctx-size",
         "-c",
-        help="Context size in tokens, at most what the target was trained for "
+        help="Context size in tokens, at most what the target was trained for (a draft "
+        "trained for fewer is noted on stderr: it drafts worse past that) "
         f"[default: {Settings.ctx_size}, or less for a model trained for less]",
     ),
 ]
