@@ -628,9 +628,10 @@ def narrow(
     """Write a copy of a draft whose output layer keeps only frequent tokens: a cheaper draft
     step for a large vocabulary. It needs the original next to it (for its embeddings)."""
     from edgespec.drafts import narrow as narrow_file
-    from edgespec.gguf_info import read_gguf
+    from edgespec.gguf_info import check_generates, read_gguf
 
     info = read_gguf(source)
+    check_generates(info)  # a copy of a model that cannot draft would be refused at its use
     if info.narrowed_from is not None:
         raise BadSettingError(f"{source.name} is already narrowed (from {info.narrowed_from})")
     if not 1024 <= tokens < info.n_vocab:

@@ -51,6 +51,8 @@ class GGUFInfo:
     full_vocab: int | None = None
     token_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
     causal: bool = True  # False: an encoder (BERT and kin), which embeds text but cannot write it
+    # The first tensor stored in a type llama.cpp's CPU code cannot compute with, and the type.
+    uncomputable: tuple[str, str] | None = None
 
     def summary(self) -> dict[str, object]:
         return {
@@ -247,8 +249,11 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     n_params = 0
+    uncomputable = None
     for name, n_elements, ggml_type, offset in header.tensors:
         n_params += n_elements
+        if uncomputable is None and ggml_type in STORAGE_ONLY_TYPES:
+            uncomputable = (name, STORAGE_ONLY_TYPES[ggml_type])
         try:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         except (ValueError, KeyError):
@@ -298,6 +303,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         full_vocab=full_vocab if narrowed_from else None,
         token_ids=token_ids if narrowed_from else None,
         causal=header.get(f"{arch}.attention.causal", bool) is not False and arch not in ENCODERS,
+        uncomputable=uncomputable,
     )
 
 
@@ -373,17 +379,28 @@ def pairing_problem(draft: GGUFInfo, target: GGUFInfo) -> str | None:
     return None
 
 
+# Types a GGUF can store that llama.cpp's CPU code has no arithmetic for (ggml type ids): a
+# weight in one of them aborts or crashes it at the first pass, taking Python down with it.
+STORAGE_ONLY_TYPES = {24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}
+
 # Encoders whose header need not say that their attention is not causal (T5's encoder alone).
 ENCODERS = frozenset({"t5encoder"})
 
 
 def check_generates(info: GGUFInfo) -> None:
-    """An embedding model loads, and "generated" nothing (exit 0) or aborted llama.cpp's
-    profile: refused by name."""
+    """Refuse, by name, a model llama.cpp would load and then fail to run: an embedding model
+    "generated" nothing (exit 0) or aborted llama.cpp's profile; weights in a type llama.cpp
+    stores but cannot compute with (F64, integers) abort or crash it at the first pass."""
     if not info.causal:
         raise ModelFileError(
             f"{info.path.name} is an embedding model ({info.architecture}, its attention sees "
             "the whole text at once): it cannot generate text"
+        )
+    if info.uncomputable is not None:
+        name, type_name = info.uncomputable
+        raise ModelFileError(
+            f"{info.path.name} stores tensor {name} as {type_name}, which llama.cpp cannot "
+            "compute with on a CPU (convert the model with F32, F16 or a quantized type)"
         )
 
 

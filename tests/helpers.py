@@ -159,3 +159,32 @@ def read_tokens(path: Path) -> list[bytes]:
     from edgespec.gguf_info import read_gguf, token_texts
 
     return token_texts(read_gguf(path))
+
+
+def with_tensor_stored_as(src: Path, dst: Path, name: str, dtype: str) -> Path:
+    """A copy of the GGUF `src` whose tensor `name` holds the same values stored as numpy's
+    `dtype` ("float64", "int32": types a GGUF may hold)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(src)
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer writes these itself
+        kind = field.types[0]
+        sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), kind, sub_type=sub_type)
+    for tensor in reader.tensors:
+        if tensor.name == name:
+            shape = [int(n) for n in reversed(tensor.shape)]
+            values = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            writer.add_tensor(name, values.astype(dtype))
+        else:
+            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape,
+                              raw_dtype=tensor.tensor_type)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst

@@ -24,7 +24,7 @@ from edgespec.cli.app import main
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
 
-from .helpers import hear_ctrl_c, tensor_types, write_tiny_gguf
+from .helpers import hear_ctrl_c, tensor_types, with_tensor_stored_as, write_tiny_gguf
 
 STATS_KEYS = {
     "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
@@ -649,6 +649,34 @@ def test_a_draft_trained_on_less_than_the_context_is_said_and_used(
                          "--mode", "chain", "-c", ctx_size, "-n", "4", "Hello!")  # fmt: skip
     assert code == 0 and out.strip()
     assert ("was trained on 512 tokens and the context holds 1,024" in err) is said, err
+
+
+@pytest.mark.parametrize(
+    "tensor, dtype, role",
+    [("blk.0.attn_q.weight", "float64", "--target"),
+     ("blk.0.attn_norm.weight", "int32", "--draft")],
+)  # fmt: skip
+def test_weights_llama_cpp_cannot_compute_with_are_refused_by_name(
+    capsys, smol_path, tmp_path, tensor, dtype, role
+):
+    """GGUF stores F64 and integer tensors that llama.cpp's CPU code has no arithmetic for: such
+    a model loaded, then killed Python at its first pass (a segfault, or an abort in ggml).
+    In a child process, so that the old crash failed the test instead of ending the run."""
+    odd = with_tensor_stored_as(smol_path, tmp_path / f"smol-{dtype}.gguf", tensor, dtype)
+    models = {"--target": smol_path, role: odd}
+    flags = [str(arg) for pair in models.items() for arg in pair]
+    done = subprocess.run(
+        [sys.executable, "-m", "edgespec.cli", "run", *flags, "-n", "2", "Hello"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    type_name = {"float64": "F64", "int32": "I32"}[dtype]
+    assert done.returncode == 1, done.stderr[-500:]
+    assert done.stderr.strip() == (
+        f"error: {odd.name} stores tensor {tensor} as {type_name}, which llama.cpp cannot "
+        "compute with on a CPU (convert the model with F32, F16 or a quantized type)"
+    )
+    code, _, err = cli(capsys, "narrow", str(odd))  # nor made into a narrowed draft
+    assert code == 1 and "cannot compute with" in err and not list(tmp_path.glob("*.head*"))
 
 
 @pytest.mark.parametrize("command", ["run", "chat"])
