@@ -54,6 +54,10 @@ class Placement:
     note: str
 
 
+# Linux's largest CONFIG_NR_CPUS is 8192.
+MAX_CPU_ID = 8191
+
+
 def _cpu_range_list(text: str) -> list[int]:
     """The kernel's CPU list notation, "0-3,6" -> [0, 1, 2, 3, 6]; ValueError on bad syntax."""
     cpus: set[int] = set()
@@ -167,11 +171,19 @@ def parse_cpu_list(text: str, available: set[int] | None = None, flag: str = "")
     """A --target-cpus/--draft-cpus value like "0-3,6", checked against the usable CPUs. An
     error begins with `flag`, so that the CLI can say where a value it was not typed came from."""
     said = f"{flag}: " if flag else ""
+    available = available_cpus() if available is None else available
+    # A range becomes a set of every CPU in it: "0-99999999999" filled the memory before any
+    # of it was checked. No kernel numbers its CPUs past MAX_CPU_ID.
+    highest = max((int(n) for n in re.findall(r"\d{1,30}", text)), default=0)
+    if highest > MAX_CPU_ID:
+        raise BadSettingError(
+            f"{said}CPU {highest} is not available here "
+            f"(usable: {format_cpu_list(sorted(available))})"
+        )
     try:
         cpus = _cpu_range_list(text)
     except ValueError:
         raise BadSettingError(f"{said}bad CPU list {text!r}: expected a form like 0-3,6") from None
-    available = available_cpus() if available is None else available
     if missing := [c for c in cpus if c not in available]:
         raise BadSettingError(
             f"{said}CPUs {format_cpu_list(missing)} are not available here "

@@ -43,11 +43,22 @@ def user_path(name: str | os.PathLike[str], what: str) -> Path:
         raise BadSettingError(message) from None
 
 
+# Names of a process's open files: /dev/stdout, /dev/fd/1, /proc/self/fd/1 and kin.
+STREAM_NAME = re.compile(r"/dev/(std(in|out|err)|fd/\d+)|/proc/(self|thread-self|\d+)/fd/\d+")
+
+
 def regular_destination(path: Path) -> Path:
     """The file to write for `path`: a link is written through, to the file it names; a
-    directory, device or pipe is refused (moved onto, /dev/full or a FIFO became a file)."""
+    directory, device or pipe is refused (moved onto, /dev/full or a FIFO became a file), and
+    so is a stream's name: /dev/stdout led to the file the output was appended to, which the
+    finished file then replaced, or to a pipe that cannot be written by name."""
+    if STREAM_NAME.fullmatch(os.path.abspath(path)):
+        raise BadSettingError(f"{path} is a stream, not a file; name a file to write")
     if path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve()
+        except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
+            raise BadSettingError(f"{path} is a link that leads back to itself") from None
     if path.is_dir():
         raise BadSettingError(f"{path} is a directory; name the file to write")
     if path.exists() and not path.is_file():

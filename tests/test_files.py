@@ -6,6 +6,7 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +79,41 @@ def test_a_link_is_written_through_and_a_pipe_is_never_replaced(tmp_path):
     with pytest.raises(BadSettingError, match="is not a regular file"), written_into_place(fifo):
         pass
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_streams_name_is_refused_so_that_the_file_it_is_redirected_to_survives(tmp_path):
+    """`bench --json /dev/stdout >> run.log` replaced run.log (the link leads to it) with the
+    report: the log's earlier lines were lost."""
+    log = tmp_path / "run.log"
+    log.write_text("yesterday's results\n")
+    script = (
+        "from pathlib import Path; from edgespec.files import written_into_place\n"
+        "try:\n"
+        "    with written_into_place(Path('/dev/stdout')) as tmp: tmp.write_text('report')\n"
+        "except Exception as e: raise SystemExit(str(e))\n"
+    )
+    with log.open("a") as out:
+        done = subprocess.run([sys.executable, "-c", script], stdout=out, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert done.stderr.strip() == "/dev/stdout is a stream, not a file; name a file to write"
+    assert log.read_text() == "yesterday's results\n"
+
+
+@pytest.mark.parametrize("name", ["/dev/stderr", "/dev/fd/1", "/proc/self/fd/2", "/proc/1/fd/0"])
+def test_every_name_of_an_open_file_is_a_stream(name):
+    with (
+        pytest.raises(BadSettingError, match="is a stream, not a file"),
+        written_into_place(Path(name)),
+    ):
+        pass
+
+
+def test_a_loop_of_links_is_a_clear_error(tmp_path):
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    refused = pytest.raises(BadSettingError, match=r"a\.json is a link that leads back to itself")
+    with refused, written_into_place(tmp_path / "a.json"):
+        pass
 
 
 def test_an_empty_home_means_the_users_own_not_the_root_folder(monkeypatch):
