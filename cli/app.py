@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from edgespec import catalogue
 from edgespec.config import Settings, resolve
@@ -537,10 +538,11 @@ def inspect(
     console = Console(highlight=False)
     table = Table(show_header=bool(other))
     table.add_column("")
+    # As Text, not markup: a file's name or metadata holding "[/x]" stopped rich with an error.
     for info in infos:
-        table.add_column(info.path.name)
+        table.add_column(Text(info.path.name))
     for key in infos[0].summary():
-        table.add_row(key, *(str(i.summary()[key]) for i in infos))
+        table.add_row(key, *(Text(str(i.summary()[key])) for i in infos))
     console.print(table)
     if other:
         console.print(f"draft/target pair: {verdict}", markup=False, soft_wrap=True)

@@ -169,6 +169,14 @@ def bench(
             sys.stderr.write("\r\x1b[K")
         raise
 
+    # The report is written first: were printing the tables to fail, the run's results stay.
+    unwritten = None
+    if json_out is not None:
+        try:
+            with written_into_place(json_out) as tmp:
+                tmp.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        except OSError as e:  # a full disk: the tables below are the run's results
+            unwritten = EdgespecError(f"cannot write {json_out}: {e.strerror or e}")
     console = Console(highlight=False)
     console.print(_header(report), markup=False, soft_wrap=True)
     for class_name in report.class_names:
@@ -181,12 +189,9 @@ def bench(
     console.print(ratio_chart(report))
     for line in overall_lines(report):
         console.print(line, markup=False, soft_wrap=True)
+    if unwritten is not None:
+        raise unwritten
     if json_out is not None:
-        try:
-            with written_into_place(json_out) as tmp:
-                tmp.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
-        except OSError as e:  # a full disk: the tables above are the run's results
-            raise EdgespecError(f"cannot write {json_out}: {e.strerror or e}") from None
         status.print(f"wrote {json_out}", style="dim", markup=False)
 
 
@@ -238,7 +243,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
     n_prompts = summaries[0].n_prompts if summaries else 0
     table = Table(
-        title=f"{class_name} ({_plural(n_prompts, 'prompt')}, medians)",
+        # Text, not markup: a class is the prompt file's to name ("[/x]" stopped rich).
+        title=Text(f"{class_name} ({_plural(n_prompts, 'prompt')}, medians)"),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -362,7 +368,8 @@ def ratio_chart(report: BenchReport) -> Table:
                 label = f"{s.median_ratio:.2f}×"
                 style = "dim" if s.mode == BASELINE else "green" if s.median_ratio > 1 else "red"
             interval = "" if s.mode == BASELINE else _interval(s.interval)
-            row = (class_name if i == 0 else "", s.mode, Text(bar, style=style), label, interval)
+            row = (Text(class_name if i == 0 else ""), s.mode, Text(bar, style=style), label,
+                   interval)  # fmt: skip
             chart.add_row(*row)
     return chart
 

@@ -407,6 +407,40 @@ def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     assert f"llama: {llama['mean']:.2f}× ({llama['low']:.2f}–{llama['high']:.2f}" in result.stdout
 
 
+def test_a_class_named_like_markup_is_printed_as_written(smol_path, tmp_path):
+    """A class "[/x]" stopped rich with a MarkupError after the whole run; "[bold]c" lost its
+    brackets."""
+    prompts = tmp_path / "odd.toml"
+    prompts.write_text(
+        '[[prompts]]\nname = "a"\nclass = "[/x] [bold]c"\ntext = "Hi"\nmax_tokens = 2\n'
+    )
+    app = typer.Typer()
+    app.command()(bench)
+    args = ["-m", str(smol_path), "--prompts", str(prompts), "--modes", "target", "--repeats", "1"]
+    result = CliRunner().invoke(app, [*args, "-t", "1", "-n", "2", "-c", "512"])
+    assert result.exit_code == 0, result.output
+    assert "[/x] [bold]c (1 prompt, medians)" in result.stdout
+
+
+def test_the_json_report_is_written_before_the_tables_are_printed(
+    smol_path, tiny_suite, tmp_path, monkeypatch
+):
+    """A run can take an hour: a failure while printing its tables must not take its report."""
+
+    def failing_table(*args):
+        raise RuntimeError("the terminal went away")
+
+    monkeypatch.setattr("edgespec.cli.bench_cmd.class_table", failing_table)
+    app = typer.Typer()
+    app.command()(bench)
+    out = tmp_path / "bench.json"
+    args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target"]
+    args += ["--repeats", "1", "-t", "1", "-n", "2", "-c", "512", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, RuntimeError)
+    assert {row["mode"] for row in json.loads(out.read_text())["rows"]} == {"target"}
+
+
 def test_a_sampling_bench_draws_repeat_r_with_seed_r_in_every_mode_and_compares_no_texts(
     smol_path, tiny_suite, plain_engine
 ):

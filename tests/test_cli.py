@@ -254,6 +254,24 @@ def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, sm
     assert code == 0 and json.loads(out)["pairable"] is False
 
 
+def test_inspect_prints_names_and_metadata_as_written_not_as_markup(capsys, tmp_path):
+    """A model named "[/x]…" stopped rich with a MarkupError traceback."""
+    import gguf
+
+    path = tmp_path / "[bold]b.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("[/x]odd")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    code, out, err = cli(capsys, "inspect", str(path), str(path))
+    assert code == 0, err
+    assert "[bold]b.gguf" in out and "[/x]odd" in out
+
+
 def test_inspect_pairs_what_run_pairs_a_vocabulary_padded_with_extra_tokens(
     capsys, smol_path, tmp_path
 ):
