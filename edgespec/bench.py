@@ -87,6 +87,9 @@ class BenchPrompt:
     max_tokens: int
 
 
+MAX_PROMPTS_BYTES = 16 * 2**20
+
+
 def load_prompts(
     path: str | Path | None = None, classes: Iterable[str] | None = None
 ) -> list[BenchPrompt]:
@@ -98,9 +101,16 @@ def load_prompts(
         source = PROMPTS_FILE
     else:
         try:
-            raw = Path(path).read_text("utf-8")
+            with Path(path).open("rb") as f:  # at most a bound: --prompts /dev/zero filled memory
+                data = f.read(MAX_PROMPTS_BYTES + 1)
         except OSError as e:
             raise BadSettingError(f"cannot read the prompt file {path}: {e.strerror}") from None
+        if len(data) > MAX_PROMPTS_BYTES:
+            raise BadSettingError(
+                f"the prompt file {path} is larger than {MAX_PROMPTS_BYTES // 2**20} MiB"
+            )
+        try:
+            raw = data.decode("utf-8-sig")  # with or without the mark some editors begin with
         except UnicodeDecodeError:
             raise BadSettingError(f"the prompt file {path} is not UTF-8 text") from None
         source = str(path)
@@ -108,6 +118,8 @@ def load_prompts(
         entries = tomllib.loads(raw).get("prompts", [])
     except tomllib.TOMLDecodeError as e:
         raise BadSettingError(f"{source} is not valid TOML: {e}") from None
+    except RecursionError:  # arrays in arrays a thousand deep
+        raise BadSettingError(f"{source} is not valid TOML: nested too deeply") from None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise BadSettingError(f"{source}: prompts must be [[prompts]] entries (tables)")
     prompts = [_prompt_from_entry(entry, source) for entry in entries]
@@ -140,6 +152,8 @@ def _prompt_from_entry(entry: dict[str, object], source: str) -> BenchPrompt:
         raise BadSettingError(f"{source}: prompt {label} needs max_tokens, a positive integer")
     if not text.strip():
         raise BadSettingError(f"{source}: prompt {label} has an empty text")
+    if not (name.strip() and class_name.strip()):  # they name its rows and its class's table
+        raise BadSettingError(f"{source}: prompt {label!r} needs a name and a class, not blanks")
     return BenchPrompt(name, class_name, text.strip(), max_tokens)
 
 
@@ -185,7 +199,7 @@ def engine_options(mode: str) -> dict[str, Any]:
         raise BadSettingError(
             f"bad mode {mode!r}: a size goes with chain, ngram or tree, e.g. chain:8"
         )
-    if not size.isdigit():  # "tree:raw": the words come after a size
+    if not (size.isascii() and size.isdigit()):  # "tree:raw": the words come after a size
         raise BadSettingError(f"bad mode {mode!r}: {name}'s size comes first, e.g. {name}:8")
     # The size's bounds are the engine's; said here in the mode's words, not a flag's.
     what, low, high = ("node budget", 2, MAX_NODES) if name == "tree" else ("draft length", 1, 64)

@@ -283,6 +283,9 @@ def test_a_prompt_file_with_a_repeated_name_is_refused(tmp_path):
         (b"prompts = [1, 2]", "prompts must be [[prompts]] entries"),
         (b"[prompts]\nname = 'a'", "prompts must be [[prompts]] entries"),
         (TINY_SUITE.replace("max_tokens = 16", "max_tokens = true").encode(), "needs max_tokens"),
+        (b"x = " + b"[" * 2000 + b"]" * 2000, "nested too deeply"),  # RecursionError
+        (TINY_SUITE.replace('class = "chat"', 'class = " "').encode(), "needs a name and a class"),
+        (TINY_SUITE.replace('name = "sky"', 'name = ""').encode(), "needs a name and a class"),
     ],
 )
 def test_a_prompt_file_of_the_wrong_shape_or_encoding_is_one_clear_error(tmp_path, content, needle):
@@ -290,6 +293,25 @@ def test_a_prompt_file_of_the_wrong_shape_or_encoding_is_one_clear_error(tmp_pat
     path.write_bytes(content)
     with pytest.raises(BadSettingError, match=re.escape(needle)):
         load_prompts(path)
+
+
+def test_a_prompt_file_may_begin_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "prompts.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + TINY_SUITE.encode())
+    assert [p.name for p in load_prompts(path)] == ["add", "sky"]
+
+
+def test_an_endless_prompt_file_is_refused_after_a_bound_not_read_into_memory():
+    with pytest.raises(BadSettingError, match="/dev/zero is larger than 16 MiB"):
+        load_prompts("/dev/zero")
+
+
+@pytest.mark.parametrize("size", ["¹", "٣", "3.0", "+3"])
+def test_a_mode_size_is_ascii_digits(size):
+    """A superscript one passed str.isdigit and failed int() with a traceback; an Arabic-Indic
+    three ran as 3."""
+    with pytest.raises(BadSettingError, match="size comes first"):
+        checked_modes([f"chain:{size}"], has_draft=True)
 
 
 def test_a_class_table_in_80_columns_wraps_a_long_mode_name_not_the_numbers():
