@@ -65,7 +65,8 @@ def profile(
     timed first, and the faster kept for every later run.
     """
     # Imported here: app.py imports this module to register the command.
-    from edgespec.engine import check_threads
+    from edgespec.engine import check_models, check_threads
+    from edgespec.gguf_info import read_gguf
 
     from .app import DEFAULT_TARGET, check_named_models, resolve, resolve_draft, resolve_model
 
@@ -93,6 +94,9 @@ def profile(
     draft_path = resolve_draft(settings)
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")
+    # As `run` would refuse them, before minutes of measuring: a narrowed draft as the target,
+    # a draft of another vocabulary (its cost over this target's would mean nothing).
+    check_models(read_gguf(target_path), read_gguf(draft_path) if draft_path else None)
     split = split_cpus(target_cpus, draft_cpus) if overlap else ([], [])
     folder = profiles_dir()
     try:  # minutes of measuring are no use where they cannot be kept: said before, not after

@@ -1837,16 +1837,8 @@ def load(
     if n_ctx is None:
         n_ctx = min(DEFAULT_CTX, target_info.context_length or DEFAULT_CTX)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
-    if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
-        raise ModelFileError(
-            f"{target_info.path.name} is a narrowed draft (its output keeps {target_info.n_vocab}"
-            f" of {target_info.full_vocab} tokens): it can only draft; the target is "
-            f"{target_info.narrowed_from} or another full model"
-        )
     draft_info = read_gguf(draft) if draft is not None else None
-    if draft_info is not None:  # from the files: a mismatch is reported before loading anything
-        check_generates(draft_info)
-        check_pair(draft_info, target_info)
+    check_models(target_info, draft_info)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info)
     return Engine(
         target_model,
@@ -1858,6 +1850,21 @@ def load(
         pipeline=pipeline,
         adapt_threads=adapt_threads,
     )
+
+
+def check_models(target_info: GGUFInfo, draft_info: GGUFInfo | None) -> None:
+    """What the files say, before anything loads: each model can generate, the target is a
+    full model, and the draft can draft for it (raises ModelFileError, IncompatibleModelsError)."""
+    check_generates(target_info)
+    if target_info.narrowed_from is not None:  # its logits cover only some tokens: no target
+        raise ModelFileError(
+            f"{target_info.path.name} is a narrowed draft (its output keeps {target_info.n_vocab}"
+            f" of {target_info.full_vocab} tokens): it can only draft; the target is "
+            f"{target_info.narrowed_from} or another full model"
+        )
+    if draft_info is not None:
+        check_generates(draft_info)
+        check_pair(draft_info, target_info)
 
 
 def _load_models(

@@ -57,7 +57,7 @@ from edgespec.profile import (
     save_profile,
 )
 
-from .helpers import hear_ctrl_c
+from .helpers import hear_ctrl_c, write_tiny_gguf
 
 PREFIX = 64
 
@@ -599,6 +599,38 @@ def test_profile_overlap_without_a_draft_is_a_clear_error(home, runner_app, smol
     result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "--overlap"])
     assert result.exit_code != 0
     assert "--overlap needs a draft" in str(result.exception)
+
+
+@pytest.fixture
+def narrowed_smol(smol_path, tmp_path) -> Path:
+    from edgespec.drafts import narrow
+
+    (tmp_path / smol_path.name).symlink_to(smol_path)  # a narrowed copy lies next to its source
+    narrow(tmp_path / smol_path.name, tmp_path / "smol.head2k.gguf", 2048)
+    return tmp_path / "smol.head2k.gguf"
+
+
+@pytest.mark.parametrize(
+    "pair, message",
+    [("other-vocabulary draft", "cannot draft for target"), ("narrowed target", "can only draft")],
+)
+def test_profile_refuses_models_run_would_refuse_before_measuring(
+    home, runner_app, smol_path, narrowed_smol, tmp_path, monkeypatch, pair, message
+):
+    """A draft of another vocabulary was measured and its cost over the target's stored; a
+    narrowed draft was profiled as a target: minutes for numbers no run could use."""
+    measured: list[object] = []  # nothing may be measured
+    monkeypatch.setattr(
+        "edgespec.cli.profile_cmd.profile_model", lambda *a, **_: measured.append(a)
+    )
+    other = write_tiny_gguf(tmp_path / "other.gguf", 16)
+    models = {
+        "other-vocabulary draft": ["-m", str(smol_path), "--draft", str(other)],
+        "narrowed target": ["-m", str(narrowed_smol)],
+    }[pair]
+    result = CliRunner().invoke(runner_app, ["profile", *models, "--quick"])
+    assert result.exit_code != 0 and measured == []
+    assert message in str(result.exception)
 
 
 def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
