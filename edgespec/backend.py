@@ -8,6 +8,7 @@ cache per sequence, tokenize and detokenize. Nothing here knows about speculatio
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 import shutil
 import signal
@@ -504,9 +505,21 @@ class Context:
             if len(self._logits_views) > 256:
                 self._logits_views.clear()
             pointer = ll.llama_get_logits(self._ctx)
-            view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))
-            view = self._logits_views[key] = view[:, : self._columns]
+            view = np.ctypeslib.as_array(pointer, shape=(n_out, self._n_vocab))[:, : self._columns]
+            self._check_finite(view[-1])
+            self._logits_views[key] = view
         return view
+
+    def _check_finite(self, row: np.ndarray) -> None:
+        """Weights that are not numbers (a file damaged inside, its size intact) make every row
+        NaN: a target then "generated" nothing with exit 0, a draft ended in a ZeroDivisionError.
+        Checked where a logits buffer is first seen (rarely: views are kept), not every step."""
+        largest = float(row.max())  # NaN if any logit is
+        if not math.isfinite(largest):
+            raise ModelFileError(
+                f"{self.model.path.name} computed {largest} logits: its weights are damaged "
+                "(a corrupt copy?); fetch or make it again"
+            )
 
     def _narrowed_logits(self, n_rows: int, n_out: int) -> np.ndarray:
         """A narrowed draft's last `n_out` rows of logits, its extra tokens' included. With
@@ -523,6 +536,7 @@ class Context:
                 np.ctypeslib.as_array(logits, shape=(n_rows, self._n_vocab)),
                 np.ctypeslib.as_array(hidden, shape=(n_rows, self._head.n_embd)),
             )
+            self._check_finite(views[0][-1])
             self._narrowed_views[key] = views
         logits_view, hidden_view = views
         if n_out == 1:

@@ -697,6 +697,27 @@ def test_weights_llama_cpp_cannot_compute_with_are_refused_by_name(
     assert code == 1 and "cannot compute with" in err and not list(tmp_path.glob("*.head*"))
 
 
+@pytest.mark.parametrize("role", ["--target", "--draft"])
+def test_a_model_whose_weights_are_not_numbers_is_a_clear_error(capsys, smol_path, tmp_path, role):
+    """A file damaged inside, its size and header intact: every logit NaN. As the target it
+    "generated" nothing and exited 0; as the draft, a ZeroDivisionError traceback."""
+    damaged = tmp_path / "smol-damaged.gguf"
+    shutil.copy(smol_path, damaged)
+    with damaged.open("r+b") as f:
+        f.seek(-20 * 2**20, os.SEEK_END)
+        f.write(b"\xff" * 20 * 2**20)  # NaN wherever a float was
+    models = {"--target": str(smol_path), role: str(damaged)}
+    flags = [arg for pair in models.items() for arg in pair]
+    mode = "chain" if role == "--draft" else "target"
+    code, out, err = cli(capsys, "run", *flags, "--mode", mode, "-n", "4", "Hello")
+    assert code == 1 and out == ""
+    assert err.splitlines()[-1] == (  # after what first use measures of the models
+        "error: smol-damaged.gguf computed nan logits: its weights are damaged (a corrupt "
+        "copy?); fetch or make it again"
+    )
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("command", ["run", "chat"])
 def test_a_mode_that_needs_a_draft_says_so_before_loading_anything(
     capsys, smol_path, monkeypatch, command
