@@ -112,6 +112,10 @@ _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _DEFAULT_ALIGNMENT = 32
 
 
+class _TooOld(ValueError):
+    """A GGUF of a version llama.cpp no longer reads: whole, not damaged."""
+
+
 class _Header:
     """A GGUF header (metadata and tensor table) read straight from the mapped file.
 
@@ -124,7 +128,9 @@ class _Header:
         self.buf = buf
         self.version = _U32.unpack_from(buf, 4)[0]
         if self.version < 2:
-            raise ValueError(f"GGUF version {self.version} is too old (2 or later is needed)")
+            raise _TooOld(
+                f"GGUF version {self.version}, too old for llama.cpp (2 or later is needed)"
+            )
         n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
         self.offset = 24
         self.fields: dict[str, object] = {}
@@ -150,7 +156,7 @@ class _Header:
         """`count` items of at least `min_size` bytes each must fit in what is left of the file:
         a damaged count fails here, not after a loop of billions."""
         if count * min_size > len(self.buf) - self.offset:
-            raise ValueError(f"a count of {count:,} does not fit in the file")
+            raise ValueError(f"it counts {count:,} entries, more than the rest of the file holds")
         return count
 
     def _u32(self) -> int:
@@ -232,9 +238,14 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             try:
                 header = _Header(buf)
+            except _TooOld as e:
+                raise ModelFileError(f"{path} is {e}") from None
             except (struct.error, ValueError, OverflowError) as e:
+                # struct's own words ("unpack_from requires a buffer of at least 1006 bytes")
+                # say where Python read, not what is wrong with the file.
+                why = "the file ends inside it" if isinstance(e, struct.error) else str(e)
                 raise ModelFileError(
-                    f"{path} is truncated or damaged: its header cannot be read ({e})"
+                    f"{path} is truncated or damaged: its header cannot be read ({why})"
                 ) from e
             tokens = header.fields.get("tokenizer.ggml.tokens")
             if not isinstance(tokens, _Array) or tokens.element_type != _STRING:

@@ -3,6 +3,7 @@ opens a file, checked against gguf-py's reader on a real model, and on broken fi
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -74,8 +75,26 @@ def test_vocabularies_compare_equal_exactly_when_their_token_lists_are_equal(
 def test_a_file_cut_inside_its_header_is_reported_as_truncated(tmp_path, smol_path, kept):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(smol_path.read_bytes()[:kept])
-    with pytest.raises(ModelFileError, match="truncated"):
+    with pytest.raises(ModelFileError, match="truncated") as refused:
         read_gguf(cut)
+    if kept > 8:  # in the words of the file, not of Python's struct module
+        assert re.search(
+            r"header cannot be read \((the file ends inside it|it counts [\d,]+ entries, more "
+            r"than the rest of the file holds)\)$",
+            str(refused.value),
+        )
+
+
+def test_a_version_too_old_is_said_so_not_called_damaged(tmp_path, smol_path):
+    old = tmp_path / "v1.gguf"
+    data = bytearray(smol_path.read_bytes()[:100_000])
+    struct.pack_into("<I", data, 4, 1)
+    old.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError) as refused:
+        read_gguf(old)
+    assert str(refused.value) == (
+        f"{old} is GGUF version 1, too old for llama.cpp (2 or later is needed)"
+    )
 
 
 def test_a_file_cut_inside_its_tensor_data_names_the_first_missing_tensor(tmp_path, smol_path):
@@ -90,7 +109,7 @@ def test_an_impossible_count_in_the_header_fails_at_once_with_a_clear_error(tmp_
     data = bytearray(smol_path.read_bytes()[:1_000_000])
     struct.pack_into("<Q", data, 16, 2**60)  # the number of metadata entries
     damaged.write_bytes(bytes(data))
-    with pytest.raises(ModelFileError, match=r"truncated or damaged: .*does not fit"):
+    with pytest.raises(ModelFileError, match=r"truncated or damaged: .*more than the rest"):
         read_gguf(damaged)
 
 
