@@ -277,6 +277,8 @@ def read_gguf(path: str | Path) -> GGUFInfo:
             )
 
     arch = header.get("general.architecture", str) or "unknown"
+    if problem := hparams_problem(header, arch):
+        raise ModelFileError(f"{path} is damaged: {problem}")
     spans = {
         name: TensorSpan(ggml_type, header.data_start + offset, n_elements)
         for name, n_elements, ggml_type, offset in header.tensors
@@ -316,6 +318,53 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         causal=header.get(f"{arch}.attention.causal", bool) is not False and arch not in ENCODERS,
         uncomputable=uncomputable,
     )
+
+
+# llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS, and the rope scalings it knows: past them
+# it aborts on an assertion while loading, taking Python with it.
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+ROPE_SCALINGS = frozenset({"none", "linear", "yarn", "longrope"})
+
+
+def hparams_problem(header: _Header, arch: str) -> str | None:
+    """What in a model's hyperparameters would abort llama.cpp (an assertion while loading or at
+    the first pass) or make every logit NaN, said by key and value; None if nothing does."""
+
+    def number(key: str) -> float | None:
+        value = header.fields.get(f"{arch}.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return value
+
+    def bad(key: str, value: object, allowed: str) -> str:
+        return f"{arch}.{key} is {value}, where llama.cpp needs {allowed}"
+
+    layers = number("block_count")
+    if layers is not None and not 1 <= layers <= MAX_LAYERS:
+        return bad("block_count", layers, f"1 to {MAX_LAYERS}")
+    trained = number("context_length")
+    if trained is not None and trained > 2**31 - 1:  # llama.cpp reads it into an int32
+        return bad("context_length", trained, f"at most {2**31 - 1:,}")
+    for key in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon"):
+        eps = number(key)
+        if eps is not None and not 0 <= eps < 1:  # NaN fails both
+            return bad(key, eps, "a number from 0 to below 1")
+    base = number("rope.freq_base")
+    if base is not None and not 0 < base < math.inf:
+        return bad("rope.freq_base", base, "a positive number")
+    factor = number("rope.scaling.factor")
+    if factor is not None and not 0 <= factor < math.inf:
+        return bad("rope.scaling.factor", factor, "a number of 0 or more")
+    scaling = header.fields.get(f"{arch}.rope.scaling.type")
+    if isinstance(scaling, str) and scaling not in ROPE_SCALINGS:
+        return bad("rope.scaling.type", scaling, f"one of {', '.join(sorted(ROPE_SCALINGS))}")
+    experts, used = number("expert_count") or 0, number("expert_used_count") or 0
+    if experts > MAX_EXPERTS:
+        return bad("expert_count", experts, f"at most {MAX_EXPERTS}")
+    if (experts or used) and not 1 <= used <= experts:
+        return f"{arch}.expert_used_count is {used} of {arch}.expert_count {experts} experts"
+    return None
 
 
 def _file_type_name(file_type: int | None) -> str:

@@ -697,6 +697,28 @@ def test_weights_llama_cpp_cannot_compute_with_are_refused_by_name(
     assert code == 1 and "cannot compute with" in err and not list(tmp_path.glob("*.head*"))
 
 
+@pytest.mark.parametrize("command", ["run", "quantize"])
+def test_a_layer_count_llama_cpp_would_abort_on_is_refused_by_name(smol_path, tmp_path, command):
+    """block_count 0 (or past 512) aborted llama.cpp on an assertion as it loaded, in `run` and
+    in `quantize`, which left a temporary file. In a child process: the abort ended it."""
+    damaged = tmp_path / "smol-no-layers.gguf"
+    shutil.copy(smol_path, damaged)
+    setter = [sys.executable, "-m", "gguf.scripts.gguf_set_metadata", "--force"]
+    subprocess.run([*setter, str(damaged), "llama.block_count", "0"], check=True,
+                   capture_output=True)  # fmt: skip
+    args = {
+        "run": ["run", "-m", str(damaged), "-n", "2", "Hello"],
+        "quantize": ["quantize", str(damaged), str(tmp_path / "q8.gguf"), "--type", "Q8_0"],
+    }[command]
+    done = subprocess.run([sys.executable, "-m", "edgespec.cli", *args], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-300:]
+    assert done.stderr.splitlines()[-1] == (
+        f"error: {damaged} is damaged: llama.block_count is 0, where llama.cpp needs 1 to 512"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [damaged.name]
+
+
 @pytest.mark.parametrize("role", ["--target", "--draft"])
 def test_a_model_whose_weights_are_not_numbers_is_a_clear_error(capsys, smol_path, tmp_path, role):
     """A file damaged inside, its size and header intact: every logit NaN. As the target it

@@ -3,8 +3,10 @@ opens a file, checked against gguf-py's reader on a real model, and on broken fi
 
 from __future__ import annotations
 
+import math
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,6 +97,63 @@ def test_a_version_too_old_is_said_so_not_called_damaged(tmp_path, smol_path):
     assert str(refused.value) == (
         f"{old} is GGUF version 1, too old for llama.cpp (2 or later is needed)"
     )
+
+
+def tiny_llama_with(path, **fields) -> Path:
+    """write_tiny_gguf's file with some `llama.` hyperparameters set (a number or a string)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "c"])
+    for key, value in fields.items():
+        key = f"llama.{key.replace('__', '.')}"
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# Each aborted llama.cpp on an assertion (while loading, or at the first pass: the epsilon), or
+# made every logit NaN (rope's base), found by setting them in copies of SmolLM2.
+DAMAGED_HPARAMS = [
+    (dict(block_count=0), "llama.block_count is 0, where llama.cpp needs 1 to 512"),
+    (dict(block_count=513), "llama.block_count is 513"),
+    (dict(context_length=2**32 - 1), "llama.context_length is 4294967295"),
+    (dict(attention__layer_norm_rms_epsilon=-1.0), "layer_norm_rms_epsilon is -1.0"),
+    (dict(attention__layer_norm_rms_epsilon=math.nan), "layer_norm_rms_epsilon is nan"),
+    (dict(attention__layer_norm_rms_epsilon=math.inf), "layer_norm_rms_epsilon is inf"),
+    (dict(rope__freq_base=0.0), "llama.rope.freq_base is 0.0"),
+    (dict(rope__freq_base=math.nan), "llama.rope.freq_base is nan"),
+    (dict(rope__scaling__factor=-1.0), "llama.rope.scaling.factor is -1.0"),
+    (dict(rope__scaling__type="bogus"), "llama.rope.scaling.type is bogus"),
+    (dict(expert_count=1025, expert_used_count=2), "llama.expert_count is 1025"),
+    (dict(expert_count=8), "expert_used_count is 0 of llama.expert_count 8 experts"),
+    (dict(expert_used_count=2), "expert_used_count is 2 of llama.expert_count 0 experts"),
+    (dict(expert_count=8, expert_used_count=9), "expert_used_count is 9 of"),
+]
+
+
+@pytest.mark.parametrize("fields, message", DAMAGED_HPARAMS)
+def test_hyperparameters_that_would_abort_llama_cpp_are_refused_by_key(tmp_path, fields, message):
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        read_gguf(tiny_llama_with(tmp_path / "odd.gguf", **fields))
+
+
+def test_the_hyperparameters_of_working_models_pass(tmp_path):
+    fine = dict(
+        block_count=512, attention__layer_norm_rms_epsilon=0.0, rope__freq_base=1e6,
+        rope__scaling__factor=0.0, rope__scaling__type="yarn", expert_count=8,
+        expert_used_count=2, context_length=2**31 - 1,
+    )  # fmt: skip
+    read_gguf(tiny_llama_with(tmp_path / "fine.gguf", **fine))
 
 
 def test_a_file_cut_inside_its_tensor_data_names_the_first_missing_tensor(tmp_path, smol_path):
