@@ -591,6 +591,13 @@ def check_destination(dest: Path, *sources: Path | None) -> Path:
         raise BadSettingError(f"cannot write {dest}: there is no directory {folder}")
     if not os.access(folder, os.W_OK):
         raise BadSettingError(f"cannot write {dest}: {folder} is not writable")
+    # What os.access does not know: root passes it for /proc, where no file can be made.
+    probe = folder / f".{dest.name}.{os.getpid()}.probe"
+    try:
+        probe.touch(exist_ok=False)
+    except OSError as e:
+        raise BadSettingError(f"cannot write {dest}: {e.strerror or e}") from None
+    probe.unlink(missing_ok=True)
     return dest
 
 
@@ -618,12 +625,12 @@ def narrow(
             f"--tokens must be at least 1024 and below the vocabulary's {info.n_vocab} "
             f"(got {tokens})"
         )
-    dest = dest or narrowed_path(source, tokens)
     # It finds the draft by the name it is given here, in its own folder: a draft that is a
-    # link is found as the link, wherever the file it points to lies.
+    # link is found as the link, wherever the file it points to lies. The copy is written where
+    # its own name leads, through a link too.
+    dest = check_destination(dest or narrowed_path(source, tokens), source)
     if dest.absolute().parent.resolve() != source.absolute().parent.resolve():
         raise BadSettingError("the narrowed copy must be written next to its draft")
-    dest = check_destination(dest, source)
     narrow_file(source, dest, tokens)
     print(dest)
 

@@ -808,6 +808,15 @@ def test_a_destination_that_cannot_be_written_fails_before_the_work(capsys, tmp_
         missing = tmp_path / "no-such-dir" / "q.gguf"
         code, _, err = cli(capsys, command, str(source), str(missing))
         one_line_error(code, err, "there is no directory")
+        # /proc passes os.access for root, and no file can be made there: said before the work
+        code, _, err = cli(capsys, command, str(source), "/proc/q.gguf")
+        one_line_error(code, err, "cannot write /proc/q.gguf")
+    else:  # a link beside the draft that leads elsewhere: the copy would land there
+        (tmp_path / "elsewhere").mkdir()
+        link = tmp_path / "draft.head1k.gguf"
+        link.symlink_to(tmp_path / "elsewhere" / "copy.gguf")
+        code, _, err = cli(capsys, command, str(source), str(link), *options)
+        one_line_error(code, err, "must be written next to its draft")
 
 
 def test_ctrl_c_while_the_libraries_import_exits_130_without_a_traceback(capsys, monkeypatch):
