@@ -174,10 +174,9 @@ def parse_cpu_list(text: str, available: set[int] | None = None, flag: str = "")
     available = available_cpus() if available is None else available
     # A range becomes a set of every CPU in it: "0-99999999999" filled the memory before any
     # of it was checked. No kernel numbers its CPUs past MAX_CPU_ID.
-    highest = max((int(n) for n in re.findall(r"\d{1,30}", text)), default=0)
-    if highest > MAX_CPU_ID:
+    if any(len(n.lstrip("0")) > 4 or int(n) > MAX_CPU_ID for n in re.findall(r"\d+", text)):
         raise BadSettingError(
-            f"{said}CPU {highest} is not available here "
+            f"{said}CPUs past {MAX_CPU_ID} are not available here "
             f"(usable: {format_cpu_list(sorted(available))})"
         )
     try:
