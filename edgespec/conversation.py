@@ -193,12 +193,7 @@ class Conversation:
     def save(self, path: str | Path) -> None:
         """Write the conversation as JSON, atomically: a crash never leaves half a file. A link
         is written through, to the file it names; a file saved over keeps its permissions."""
-        path = regular_destination(user_path(path, "the file"))
-        if path.exists() and _is_standard_stream(path):  # /dev/stdout into a log
-            raise EdgespecError(
-                f"cannot save {path}: it is where this program's output goes, and replacing it "
-                "would lose that output"
-            )
+        path = regular_destination(user_path(path, "the file"))  # not stdout's file either
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         try:
             with written_into_place(path) as tmp:
@@ -275,16 +270,3 @@ def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:
             raise bad(f'message {i} needs a string "content" and a boolean "interrupted"')
         messages.append(Message(role, valid_text(content), interrupted))
     return (valid_text(system) if system is not None else None), messages
-
-
-def _is_standard_stream(path: Path) -> bool:
-    """Whether `path` is the file this process's stdout or stderr writes to."""
-    target = path.stat()
-    for fd in (1, 2):
-        try:
-            stream = os.fstat(fd)
-        except OSError:  # closed
-            continue
-        if (stream.st_dev, stream.st_ino) == (target.st_dev, target.st_ino):
-            return True
-    return False

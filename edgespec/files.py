@@ -50,8 +50,9 @@ STREAM_NAME = re.compile(r"/dev/(std(in|out|err)|fd/\d+)|/proc/(self|thread-self
 def regular_destination(path: Path) -> Path:
     """The file to write for `path`: a link is written through, to the file it names; a
     directory, device or pipe is refused (moved onto, /dev/full or a FIFO became a file), and
-    so is a stream's name: /dev/stdout led to the file the output was appended to, which the
-    finished file then replaced, or to a pipe that cannot be written by name."""
+    so are a stream's name and the file this process's output goes to: `--json /dev/stdout >>
+    log` (or `--json log`) replaced the log with the finished file, and a pipe cannot be written
+    by name."""
     if STREAM_NAME.fullmatch(os.path.abspath(path)):
         raise BadSettingError(f"{path} is a stream, not a file; name a file to write")
     if path.is_symlink():
@@ -59,11 +60,32 @@ def regular_destination(path: Path) -> Path:
             path = path.resolve()
         except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
             raise BadSettingError(f"{path} is a link that leads back to itself") from None
+    if path.is_file() and _is_own_output(path):
+        raise BadSettingError(
+            f"{path} is where this program's output goes, and replacing it would lose that "
+            "output; name another file"
+        )
     if path.is_dir():
         raise BadSettingError(f"{path} is a directory; name the file to write")
     if path.exists() and not path.is_file():
         raise BadSettingError(f"{path} is not a regular file; name a file to write")
     return path
+
+
+def _is_own_output(path: Path) -> bool:
+    """Whether `path` is the file this process's stdout or stderr writes to."""
+    try:
+        target = path.stat()
+    except OSError:  # nothing there yet
+        return False
+    for fd in (1, 2):
+        try:
+            stream = os.fstat(fd)
+        except OSError:  # closed
+            continue
+        if (stream.st_dev, stream.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
 
 
 @contextlib.contextmanager

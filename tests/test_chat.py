@@ -255,15 +255,16 @@ def test_save_never_replaces_a_pipe_or_the_file_the_chat_itself_writes_to(smol_p
     with log.open("w") as out:
         done = subprocess.run(
             chat_argv(smol_path),
-            input=f"Hi\n/save /dev/stdout\n/save {fifo}\nBye\n",
+            input=f"Hi\n/save /dev/stdout\n/save {log}\n/save {fifo}\nBye\n",
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
             env=chat_env(tmp_path),
             timeout=120,
         )
-    assert done.returncode == 1, done.stderr  # the chat went on, then said two commands failed
-    assert "is where this program's output goes" in done.stderr
+    assert done.returncode == 1, done.stderr  # the chat went on, then said three commands failed
+    assert "/dev/stdout is a stream, not a file" in done.stderr
+    assert f"{log} is where this program's output goes" in done.stderr
     assert "not a regular file" in done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 2  # the chat went on
     assert not log.read_text().lstrip().startswith("{") and stat.S_ISFIFO(fifo.stat().st_mode)

@@ -87,16 +87,22 @@ def test_a_streams_name_is_refused_so_that_the_file_it_is_redirected_to_survives
     log = tmp_path / "run.log"
     log.write_text("yesterday's results\n")
     script = (
-        "from pathlib import Path; from edgespec.files import written_into_place\n"
+        "import sys; from pathlib import Path; from edgespec.files import written_into_place\n"
         "try:\n"
-        "    with written_into_place(Path('/dev/stdout')) as tmp: tmp.write_text('report')\n"
+        "    with written_into_place(Path(sys.argv[1])) as tmp: tmp.write_text('report')\n"
         "except Exception as e: raise SystemExit(str(e))\n"
     )
-    with log.open("a") as out:
-        done = subprocess.run([sys.executable, "-c", script], stdout=out, stderr=subprocess.PIPE,
-                              text=True)  # fmt: skip
-    assert done.stderr.strip() == "/dev/stdout is a stream, not a file; name a file to write"
-    assert log.read_text() == "yesterday's results\n"
+    refusals = {
+        "/dev/stdout": "/dev/stdout is a stream, not a file; name a file to write",
+        str(log): f"{log} is where this program's output goes, and replacing it would lose "
+        "that output; name another file",
+    }
+    for name, refusal in refusals.items():
+        with log.open("a") as out:
+            done = subprocess.run([sys.executable, "-c", script, name], stdout=out,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert done.stderr.strip() == refusal
+        assert log.read_text() == "yesterday's results\n"
 
 
 @pytest.mark.parametrize("name", ["/dev/stderr", "/dev/fd/1", "/proc/self/fd/2", "/proc/1/fd/0"])
