@@ -158,6 +158,8 @@ class Model:
     ):
         _init_backend()
         self._model = None  # close() may run on a half-made Model
+        self._contexts = 0  # open contexts on it: llama.cpp frees each with the model's help
+        self._close_when_unused = False
         self.path = Path(path)
         self.info = info or read_gguf(self.path)
         # A draft narrowed to frequent tokens (draft_head.py): its logits row j is token
@@ -260,9 +262,21 @@ class Model:
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 
     def close(self) -> None:
+        """Free the model, or, while a context on it is open, once the last one closes. The
+        garbage collector finalises the objects of a cycle in any order (an engine and its last
+        stream are one): a context freed after its model crashed the test run once, in
+        llama_free."""
+        if self._contexts:
+            self._close_when_unused = True
+            return
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None
+
+    def _context_closed(self) -> None:
+        self._contexts -= 1
+        if self._close_when_unused and not self._contexts:
+            self.close()
 
     def __del__(self) -> None:
         self.close()
@@ -317,8 +331,12 @@ class Context:
             params.embeddings = True
             params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
         _native_log.clear()
-        with _interrupt_after():
-            self._ctx = ll.llama_init_from_model(model._model, params)
+        try:
+            with _interrupt_after():
+                self._ctx = ll.llama_init_from_model(model._model, params)
+        finally:
+            if self._ctx:  # made, even if a Ctrl+C came during it
+                model._contexts += 1
         if not self._ctx:
             reason = _native_log.reason("out of memory?")
             raise ModelFileError(f"llama.cpp could not create a context for {model.path}: {reason}")
@@ -584,6 +602,7 @@ class Context:
                 ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             self._ctx = None
+            self.model._context_closed()
 
     def __del__(self) -> None:
         self.close()

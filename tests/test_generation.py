@@ -392,6 +392,23 @@ def test_a_stream_made_or_begun_before_the_engine_closed_ends_without_a_crash(sm
         list(not_begun)
 
 
+@pytest.mark.parametrize("first", ["model", "context"])
+def test_a_model_is_freed_after_its_last_context_whichever_is_finalised_first(smol_path, first):
+    """An engine and its last stream are a cycle, which the garbage collector finalises in any
+    order: a context freed after its model crashed a test run in llama_free."""
+    model = Model(smol_path)
+    contexts = [Context(model, n_ctx=256, n_threads=1) for _ in range(2)]
+    contexts[0].decode([1, 2, 3], 0)
+    if first == "model":
+        model.__del__()
+        assert model._model  # still there for the contexts' own freeing
+    for ctx in contexts:
+        ctx.__del__()
+    assert bool(model._model) == (first == "context")
+    model.__del__()
+    assert not model._model
+
+
 def test_a_prompt_longer_than_the_context_is_rejected(smol_path):
     import edgespec
 
