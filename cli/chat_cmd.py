@@ -109,7 +109,9 @@ def chat(
         engine = load_engine(
             settings, verbose, pipeline, adapt_threads=adapt_threads, named_draft=True
         )
-    repl = Repl(Conversation(engine, settings.system, template), settings, sys.stdin.isatty())
+    inputs = (user_path(chat_template, "the chat template"),) if chat_template else ()
+    conversation = Conversation(engine, settings.system, template, inputs)
+    repl = Repl(conversation, settings, sys.stdin.isatty())
     repl.run()
     if repl.failures and not repl.interactive:  # a script must learn that its /save failed
         raise EdgespecError(
@@ -126,6 +128,8 @@ def read_template(path: Path) -> str:
             raw = f.read(MAX_TEMPLATE_BYTES + 1)
         if len(raw) > MAX_TEMPLATE_BYTES:
             raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
+        if not raw.strip():  # an empty one was taken as none given: the model's was used
+            raise EdgespecError(f"the chat template {path} is empty")
         return raw.decode("utf-8")
     except OSError as e:
         raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None

@@ -8,6 +8,7 @@ cache per sequence, tokenize and detokenize. Nothing here knows about speculatio
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import re
 import shutil
@@ -201,6 +202,14 @@ class Model:
     @property
     def name(self) -> str:
         return self.info.name or self.path.name
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """The most bytes one token covers (at most: a token's text as GGUF stores it is never
+        shorter than the text it stands for), so that n bytes are at least n / this tokens."""
+        from .gguf_info import token_texts
+
+        return max(1, max(map(len, token_texts(self.info)), default=1))
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
         try:

@@ -14,6 +14,11 @@ class ChatTemplateError(EdgespecError):
     pass
 
 
+# What a template may write: far more than any context holds (64 MB, the cap on a prompt read
+# from stdin, is 16 million tokens at the least).
+MAX_RENDERED_CHARS = 1 << 26
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str):
     import jinja2
@@ -22,8 +27,30 @@ def _compile(template: str):
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    # The same environment Hugging Face uses for these templates, so they render the same way.
-    env = ImmutableSandboxedEnvironment(
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox bounds range() but not a repetition: "{{ 'A' * 100000000 }}", twenty
+        bytes of template, took 11 GB before anything could refuse its text."""
+
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator: str, left, right):
+            if operator == "**" and isinstance(right, int) and right > 1024:
+                raise jinja2.exceptions.SecurityError(f"a power of {right} is too large")
+            times, seq = (left, right) if isinstance(left, int) else (right, left)
+            if (
+                operator == "*"
+                and isinstance(times, int)
+                and isinstance(seq, (str, list, tuple))
+                and len(seq) * times > MAX_RENDERED_CHARS
+            ):
+                raise jinja2.exceptions.SecurityError(
+                    f"a repetition of {len(seq) * times:,} items is too long"
+                )
+            return super().call_binop(context, operator, left, right)
+
+    # The same environment Hugging Face uses for these templates (bounded as above), so they
+    # render the same way.
+    env = BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.globals["raise_exception"] = raise_exception
@@ -43,15 +70,25 @@ def render(
     add_generation_prompt: bool = True,
 ) -> str:
     compiled = _compile(template)
+    pieces, size = [], 0
     try:
-        text = compiled.render(
+        for piece in compiled.generate(
             messages=messages,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
-        )
+        ):
+            size += len(piece)
+            if size > MAX_RENDERED_CHARS:  # a loop of long pieces: no text a context holds
+                raise ChatTemplateError(
+                    f"the chat template made a text of over {MAX_RENDERED_CHARS:,} characters"
+                )
+            pieces.append(piece)
+    except ChatTemplateError:
+        raise
     except Exception as e:  # {{ 1/0 }} as well as raise_exception(...): the template's doing
         raise ChatTemplateError(f"the chat template failed: {_reason(e)}") from e
+    text = "".join(pieces)
     if not text.strip():
         raise ChatTemplateError("the chat template made an empty prompt of these messages")
     return text

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .chat import messages_for, render
+from .chat import ChatTemplateError, messages_for, render
 from .engine import GenerationConfig
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .files import regular_destination, user_path, written_into_place
@@ -93,8 +93,17 @@ def check_chat_template(given: str | None, target: GGUFInfo, system: str | None)
 
 
 class Conversation:
-    def __init__(self, engine: Engine, system: str | None = None, template: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        system: str | None = None,
+        template: str | None = None,
+        inputs: tuple[Path, ...] = (),
+    ):
+        """`inputs`: files the chat reads besides its models (a --chat-template), never saved
+        over."""
         self.engine = engine
+        self.inputs = inputs
         self.system = valid_text(system) if system is not None else None
         self.template = chat_template(template, engine.target.info)
         self.messages: list[Message] = []  # the whole conversation, as saved
@@ -148,7 +157,11 @@ class Conversation:
         tokens_at: dict[int, list[int]] = {}
         while lo < hi:
             mid = (lo + hi) // 2
-            tokens_at[mid] = self.prompt_tokens(messages[starts[mid] :])
+            try:
+                tokens_at[mid] = self.prompt_tokens(messages[starts[mid] :])
+            except ContextOverflowError:  # too long by its size alone: never tokenized
+                lo = mid + 1
+                continue
             if len(tokens_at[mid]) + room <= self.engine.n_ctx:
                 hi = mid
             else:
@@ -175,9 +188,15 @@ class Conversation:
         """Tokens the conversation takes in the context: the messages the last prompt held and
         the answer to it, with the end of its turn the next prompt adds (0 when it is empty). At
         most the context: an answer that filled it ended before its turn did."""
-        if not self.messages:
+        held = self.messages[self.in_context :]
+        if not held:  # none, or a /load whose turns all lie beyond the context
             return 0
-        rendered = self.prompt_tokens(self.messages[self.in_context :], False)
+        try:
+            rendered = self.prompt_tokens(held, False)
+        except ChatTemplateError:  # a template that renders only with a question to answer
+            rendered = self.prompt_tokens(held, True)
+        except ContextOverflowError:
+            return self.engine.n_ctx
         return min(len(rendered), self.engine.n_ctx)
 
     # ----- state -----------------------------------------------------------------------------
@@ -194,6 +213,10 @@ class Conversation:
         """Write the conversation as JSON, atomically: a crash never leaves half a file. A link
         is written through, to the file it names; a file saved over keeps its permissions."""
         path = regular_destination(user_path(path, "the file"))  # not stdout's file either
+        models = [m.path for m in (self.engine.target, self.engine.draft) if m is not None]
+        for source in (*models, *self.inputs):  # `/save model.gguf` replaced the model
+            if path.exists() and source.exists() and path.samefile(source):
+                raise EdgespecError(f"cannot save {path}: this chat reads it; name another file")
         text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
         try:
             with written_into_place(path) as tmp:
@@ -221,6 +244,8 @@ class Conversation:
         them; the conversation keeps them). A conversation the chat template cannot render is
         refused, the current one left as it was."""
         path = user_path(path, "the file")
+        if path.exists() and not path.is_file():  # a FIFO with no writer waited forever
+            raise EdgespecError(f"cannot read {path}: not a regular file")
         try:
             with path.open("rb") as f:  # not endless (/dev/zero), nor larger than any context
                 raw = f.read(MAX_SAVED_BYTES + 1)
@@ -231,6 +256,8 @@ class Conversation:
             raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
+        except RecursionError:  # arrays in arrays thousands deep: the chat ended, unsaved
+            raise EdgespecError(f"{path} is not a saved conversation (nested too deeply)") from None
         system, messages = _parsed(data, path)
         kept = self.system
         self.system = system

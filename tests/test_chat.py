@@ -272,8 +272,12 @@ def test_save_never_replaces_a_pipe_or_the_file_the_chat_itself_writes_to(smol_p
 
 def test_endless_files_are_refused_not_read_until_memory_runs_out(smol_path, tmp_path):
     """/load /dev/zero or --chat-template /dev/zero read until the kernel killed the process."""
-    done = piped_chat(smol_path, tmp_path, "/load /dev/zero\nHi\n")
-    assert done.returncode == 1 and "is over 64 MB: no saved chat" in done.stderr
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(65 << 20)  # sparse: no disk, and read as 64 MB of zeros
+    done = piped_chat(smol_path, tmp_path, f"/load /dev/zero\n/load {huge}\nHi\n")
+    assert done.returncode == 1 and "cannot read /dev/zero: not a regular file" in done.stderr
+    assert "is over 64 MB: no saved chat" in done.stderr
     assert len(re.findall(STATS_LINE, done.stderr)) == 1
     done = piped_chat(smol_path, tmp_path, "Hi\n", "--chat-template", "/dev/zero")
     assert done.returncode != 0 and "is over 1 MB: not a chat template" in done.stderr
@@ -624,3 +628,82 @@ def test_ctrl_c_while_the_draft_catches_up_keeps_the_question_and_the_next_answe
     ]
     repl.settle()
     assert not busy.is_set()  # waited for, this time too
+
+
+def test_a_chat_refuses_files_it_cannot_load_or_must_not_save_and_goes_on(smol_path, tmp_path):
+    """Found by fuzzing: /load of JSON nested thousands deep ended the chat with a traceback
+    (the conversation unsaved); /load of a FIFO without a writer waited forever; /save over
+    the model or the template in use replaced it with the conversation's JSON."""
+    import shutil
+
+    model = tmp_path / "model.gguf"
+    shutil.copy(smol_path, model)
+    template = tmp_path / "chat.j2"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"messages": ' + "[" * 3000 + "]" * 3000 + "}")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    kept = tmp_path / "kept.json"
+    lines = f"Hi\n/load {deep}\n/load {fifo}\n/save {model}\n/save {template}\n/save {kept}\n"
+    done = piped_chat(model, tmp_path, lines, "--chat-template", str(template))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: {deep} is not a saved conversation (nested too deeply)",
+        f"error: cannot read {fifo}: not a regular file",
+        f"error: cannot save {model}: this chat reads it; name another file",
+        f"error: cannot save {template}: this chat reads it; name another file",
+        "error: 4 of the piped messages and commands failed (see above)",
+    ]
+    assert model.stat().st_size == smol_path.stat().st_size
+    assert template.read_text().startswith("{% for m in messages %}")
+    assert saved(kept)[0]["content"] == "Hi"  # the chat went on
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("", "is empty"),  # taken as none given: the model's own was used
+        ("{{ 'A' * 100000000 }}", "a repetition of 100,000,000 items is too long"),  # 11 GB
+        ("{% for i in range(100000) %}{{ 'A' * 1000 }}{% endfor %}", "a text of over"),
+    ],
+)
+def test_a_chat_template_file_that_is_empty_or_writes_without_bound_is_refused(
+    smol_path, tmp_path, template, message
+):
+    path = tmp_path / "t.j2"
+    path.write_text(template)
+    done = piped_chat(smol_path, tmp_path, "Hi\n", "--chat-template", str(path))
+    assert done.returncode == 1 and message in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_show_counts_the_context_after_a_load_beyond_it_and_with_a_template_that_needs_a_question(
+    small_engine, tmp_path
+):
+    """/show failed ("the chat template made an empty prompt") after a /load whose only turn
+    lay beyond the context, and after every answer with a template that renders only with a
+    question to answer (answers that had streamed were counted as failures)."""
+    one_long_turn = tmp_path / "long.json"
+    one_long_turn.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "word " * 2000, "interrupted": False}]}))  # fmt: skip
+    conversation = Conversation(small_engine)
+    conversation.load(one_long_turn)
+    assert conversation.context_used() == 0
+    needs_a_question = (
+        "{% if not add_generation_prompt %}{{ raise_exception('no question') }}{% endif %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+    )
+    conversation = Conversation(small_engine, template=needs_a_question)
+    assert "".join(conversation.ask("Hi", mode="target", max_tokens=4))
+    assert 0 < conversation.context_used() <= small_engine.n_ctx
+
+
+def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(small_engine):
+    """llama.cpp tokenizes special tokens' texts in time quadratic in their number: 2 MB of
+    them took a minute to be told they do not fit."""
+    text = "<|im_start|>x<|im_end|>\n" * 20_000
+    with pytest.raises(ContextOverflowError, match=r"the prompt has at least [\d,]+ tokens"):
+        small_engine.prompt_tokens(text, chat_mode=False)
+    with pytest.raises(ContextOverflowError, match=r"the prompt has at least [\d,]+ tokens"):
+        Conversation(small_engine).ask(text)
