@@ -71,6 +71,13 @@ def tiny_suite(tmp_path_factory) -> Path:
     return path
 
 
+def invoke_bench(args: list[str]):
+    """The bench command with `args`, as its own typer app runs it (CliRunner's result)."""
+    app = typer.Typer()
+    app.command()(bench)
+    return CliRunner().invoke(app, args)
+
+
 @pytest.fixture(scope="module")
 def progress_steps() -> list[tuple[int, int, str]]:
     return []
@@ -400,12 +407,10 @@ def test_the_run_says_how_much_plain_decodings_own_repeats_differed(report):
 def test_the_command_prints_a_table_per_class_and_a_chart_and_writes_json(
     smol_path, tiny_suite, tmp_path
 ):
-    app = typer.Typer()
-    app.command()(bench)
     out = tmp_path / "bench.json"
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
     args += ["--repeats", "2", "-t", "1", "-n", "8", "-c", "1024", "--json", str(out)]
-    result = CliRunner().invoke(app, args)
+    result = invoke_bench(args)
     assert result.exit_code == 0, result.output
     for expected in ("code (1 prompt,", "chat (1 prompt,", "× plain", "llama", "│"):
         assert expected in result.stdout
@@ -436,10 +441,8 @@ def test_a_class_named_like_markup_is_printed_as_written(smol_path, tmp_path):
     prompts.write_text(
         '[[prompts]]\nname = "a"\nclass = "[/x] [bold]c"\ntext = "Hi"\nmax_tokens = 2\n'
     )
-    app = typer.Typer()
-    app.command()(bench)
     args = ["-m", str(smol_path), "--prompts", str(prompts), "--modes", "target", "--repeats", "1"]
-    result = CliRunner().invoke(app, [*args, "-t", "1", "-n", "2", "-c", "512"])
+    result = invoke_bench([*args, "-t", "1", "-n", "2", "-c", "512"])
     assert result.exit_code == 0, result.output
     assert "[/x] [bold]c (1 prompt, medians)" in result.stdout
 
@@ -453,12 +456,10 @@ def test_the_json_report_is_written_before_the_tables_are_printed(
         raise RuntimeError("the terminal went away")
 
     monkeypatch.setattr("edgespec.cli.bench_cmd.class_table", failing_table)
-    app = typer.Typer()
-    app.command()(bench)
     out = tmp_path / "bench.json"
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target"]
     args += ["--repeats", "1", "-t", "1", "-n", "2", "-c", "512", "--json", str(out)]
-    result = CliRunner().invoke(app, args)
+    result = invoke_bench(args)
     assert isinstance(result.exception, RuntimeError)
     assert {row["mode"] for row in json.loads(out.read_text())["rows"]} == {"target"}
 
@@ -501,10 +502,8 @@ def test_on_big_and_little_cores_the_bench_gives_each_model_the_threads_run_give
 
 
 def test_the_command_says_when_it_sampled_and_gives_no_text_verdict(smol_path, tiny_suite):
-    app = typer.Typer()
-    app.command()(bench)
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
-    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "4", "--temp", "0.7"])
+    result = invoke_bench([*args, "--repeats", "1", "-n", "4", "--temp", "0.7"])
     assert result.exit_code == 0, result.output
     assert "sampling at temperature 0.7" in result.stdout and "greedy" not in result.stdout
     assert "/1" not in result.stdout  # the "same plain" column: no 1/1 or 0/1, a dash
@@ -615,10 +614,8 @@ def test_the_bench_names_the_x86_generation_the_model_name_hides(tmp_path, cpuin
 def test_the_header_names_the_generation_and_extensions(smol_path, tiny_suite, monkeypatch):
     monkeypatch.setattr("edgespec.bench.cpu_generation", lambda: "Zen 4")
     monkeypatch.setattr("edgespec.bench.cpu_simd", lambda: "AVX-512")
-    app = typer.Typer()
-    app.command()(bench)
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target"]
-    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "2"])
+    result = invoke_bench([*args, "--repeats", "1", "-n", "2"])
     assert result.exit_code == 0, result.output
     assert "(Zen 4, AVX-512)" in result.stdout
 
@@ -685,10 +682,8 @@ def test_llama_attends_as_the_engines_target_and_the_header_says_how(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(bench_module, "LlamaRunner", Runner)
-    app = typer.Typer()
-    app.command()(bench)
     args = ["-m", str(smol_path), "--prompts", str(tiny_suite), "--modes", "target,llama"]
-    result = CliRunner().invoke(app, [*args, "--repeats", "1", "-n", "2", "-t", "1"])
+    result = invoke_bench([*args, "--repeats", "1", "-n", "2", "-t", "1"])
     assert result.exit_code == 0, result.output
     assert told == [False] and "without flash attention" in result.stdout
 
