@@ -233,10 +233,26 @@ class Conversation:
         kept = self.system
         self.system = system
         try:
+            self._check_system_leaves_room()
             self.prompt_tokens([*self.messages[self.in_context :], Message("user", "Hello")])
         except BaseException:
             self.system = kept
             raise
+
+    def _check_system_leaves_room(self) -> None:
+        """A system message the context cannot hold with a question was taken, and every
+        question after it was told that it was too long."""
+        if self.system is None:
+            return
+        try:
+            fits = len(self.prompt_tokens([Message("user", "Hello")])) < self.engine.n_ctx
+        except ContextOverflowError:  # too long by its size alone
+            fits = False
+        if not fits:
+            raise ContextOverflowError(
+                f"the system message leaves no room for a question in the context "
+                f"({self.engine.n_ctx} tokens); use a larger --ctx-size or a shorter one"
+            )
 
     def load(self, path: str | Path) -> int:
         """Replace the conversation (system message included) with the one saved in `path`, and
@@ -265,6 +281,7 @@ class Conversation:
             # Rendered now, with a question after it, not at the next question: a template
             # that rejects it (a system message, say) fails here, and /show counts what the
             # context can hold.
+            self._check_system_leaves_room()
             start = self._fitted([*messages, Message("user", "Hello")], 0, 0)[1]
         except BaseException:
             self.system = kept

@@ -707,3 +707,21 @@ def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(small_
         small_engine.prompt_tokens(text, chat_mode=False)
     with pytest.raises(ContextOverflowError, match=r"the prompt has at least [\d,]+ tokens"):
         Conversation(small_engine).ask(text)
+
+
+def test_a_system_message_that_leaves_no_room_for_a_question_is_refused_where_it_is_set(
+    small_engine, tmp_path
+):
+    """It was taken ("Set the system message."), and every question after it was told that
+    the question was too long; loaded from a file, the same."""
+    conversation = Conversation(small_engine, system="Be brief.")
+    too_long = "word " * 300  # the context holds 256 tokens
+    refused = "the system message leaves no room for a question in the context (256 tokens)"
+    with pytest.raises(ContextOverflowError, match=re.escape(refused)):
+        conversation.set_system(too_long)
+    assert conversation.system == "Be brief."
+    saved_to = tmp_path / "big-system.json"
+    saved_to.write_text(json.dumps({"system": too_long, "messages": []}))
+    with pytest.raises(ContextOverflowError, match=re.escape(refused)):
+        conversation.load(saved_to)
+    assert conversation.system == "Be brief."
