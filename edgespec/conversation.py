@@ -109,8 +109,10 @@ class Conversation:
         self.messages: list[Message] = []  # the whole conversation, as saved
         self.in_context = 0  # messages[in_context:] are those the last question's prompt held
         self.last_stats: Stats | None = None
-        # A template that cannot render a first question fails now, not at every question.
+        # A template that cannot render a first question fails now, not at every question; so
+        # does a system message too long to leave room for one.
         self.prompt_tokens([Message("user", "Hello")])
+        self._check_system_leaves_room()
 
     # ----- asking ----------------------------------------------------------------------------
     def ask(self, text: str, **gen_options: object) -> Reply:

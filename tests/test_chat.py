@@ -713,7 +713,7 @@ def test_a_system_message_that_leaves_no_room_for_a_question_is_refused_where_it
     small_engine, tmp_path
 ):
     """It was taken ("Set the system message."), and every question after it was told that
-    the question was too long; loaded from a file, the same."""
+    the question was too long; loaded from a file or given with --system, the same."""
     conversation = Conversation(small_engine, system="Be brief.")
     too_long = "word " * 300  # the context holds 256 tokens
     refused = "the system message leaves no room for a question in the context (256 tokens)"
@@ -725,3 +725,5 @@ def test_a_system_message_that_leaves_no_room_for_a_question_is_refused_where_it
     with pytest.raises(ContextOverflowError, match=re.escape(refused)):
         conversation.load(saved_to)
     assert conversation.system == "Be brief."
+    with pytest.raises(ContextOverflowError, match=re.escape(refused)):  # --system
+        Conversation(small_engine, system=too_long)
