@@ -639,17 +639,19 @@ class Engine:
         """Refuse, before tokenizing, a text too long for the context by its size alone.
         llama.cpp tokenizes special tokens' texts in time quadratic in their number: 2 MB of
         `<|im_start|>x<|im_end|>` took a minute here to be told it does not fit."""
-        n_bytes = len(text.encode("utf-8", "replace"))
+        # Characters, not bytes: no fewer than bytes over the longest token's, and counted
+        # without encoding the text a second time.
+        n_chars = len(text)
         # The common case, without learning the bound (the vocabulary's longest text: 0.1 s for
         # Qwen's, once): a text this short tokenizes quickly, and real vocabularies have tokens
         # of far more than 8 bytes.
-        if n_bytes < 8 * self.n_ctx:
+        if n_chars < 8 * self.n_ctx:
             return
-        least = n_bytes // self.target.longest_token_bytes
+        least = n_chars // self.target.longest_token_bytes
         if least >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt has at least {least:,} tokens ({n_bytes:,} bytes) but the context "
-                f"holds {self.n_ctx}; use a larger --ctx-size or a shorter prompt"
+                f"the prompt has at least {least:,} tokens ({n_chars:,} characters) but the "
+                f"context holds {self.n_ctx}; use a larger --ctx-size or a shorter prompt"
             )
 
     # ----- generation ----------------------------------------------------------------------
@@ -1852,12 +1854,11 @@ def load(
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
     check_pipeline(pipeline, draft is not None, placement)
     target_info = read_gguf(target)
-    check_generates(target_info)
+    draft_info = read_gguf(draft) if draft is not None else None
+    check_models(target_info, draft_info)
     if n_ctx is None:
         n_ctx = min(DEFAULT_CTX, target_info.context_length or DEFAULT_CTX)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
-    draft_info = read_gguf(draft) if draft is not None else None
-    check_models(target_info, draft_info)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info)
     return Engine(
         target_model,
