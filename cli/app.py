@@ -486,8 +486,10 @@ def placement_report(stats: Stats) -> str:
 
 
 def inspect(
-    file: Annotated[Path, typer.Argument(help="A GGUF file")],
-    other: Annotated[Path | None, typer.Argument(help="A second GGUF: can the two pair?")] = None,
+    file: Annotated[Path, typer.Argument(help="A GGUF file", parser=opt.path)],
+    other: Annotated[
+        Path | None, typer.Argument(help="A second GGUF: can the two pair?", parser=opt.path)
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object: {models, pairable, reason}")
     ] = False,
@@ -531,8 +533,8 @@ OUTPUT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", 
 
 
 def quantize(
-    source: Annotated[Path, typer.Argument(help="Input GGUF")],
-    dest: Annotated[Path, typer.Argument(help="Output GGUF")],
+    source: Annotated[Path, typer.Argument(help="Input GGUF", parser=opt.path)],
+    dest: Annotated[Path, typer.Argument(help="Output GGUF", parser=opt.path)],
     type_: Annotated[str, typer.Option("--type", help=f"One of {', '.join(QUANT_TYPES)}")] = "Q4_0",
     threads: Annotated[int, typer.Option("--threads", "-t", help="Threads; 0: one per CPU")] = 0,
     output_type: Annotated[
@@ -601,10 +603,13 @@ def check_destination(dest: Path, *sources: Path | None) -> Path:
 
 
 def narrow(
-    source: Annotated[Path, typer.Argument(help="Draft GGUF")],
+    source: Annotated[Path, typer.Argument(help="Draft GGUF", parser=opt.path)],
     dest: Annotated[
         Path | None,
-        typer.Argument(help="Output GGUF (default: next to the draft, named .head<N>k.gguf)"),
+        typer.Argument(
+            help="Output GGUF (default: next to the draft, named .head<N>k.gguf)",
+            parser=opt.path,
+        ),
     ] = None,
     tokens: Annotated[
         int, typer.Option("--tokens", help="Tokens the output layer keeps")

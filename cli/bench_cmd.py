@@ -43,7 +43,8 @@ def bench(
         Path | None,
         typer.Option(
             help="TOML file of [[prompts]] entries: name, class, text, max_tokens "
-            "[default: the suite shipped with edgespec]"
+            "[default: the suite shipped with edgespec]",
+            parser=opt.path,
         ),
     ] = None,
     modes: Annotated[
@@ -78,7 +79,10 @@ def bench(
         typer.Option("--max-tokens", "-n", help="Tokens per prompt [default: each prompt's own]"),
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the full report to this JSON file")
+        Path | None,
+        typer.Option(
+            "--json", help="Also write the full report to this JSON file", parser=opt.path
+        ),
     ] = None,
     temp: Annotated[
         float,

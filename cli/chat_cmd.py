@@ -70,7 +70,11 @@ def chat(
     system: opt.System = None,
     chat_template: Annotated[
         Path | None,
-        typer.Option("--chat-template", help="A Jinja chat template file [default: the GGUF's]"),
+        typer.Option(
+            "--chat-template",
+            help="A Jinja chat template file [default: the GGUF's]",
+            parser=opt.path,
+        ),
     ] = None,
     verbose: opt.Verbose = False,
 ) -> None:

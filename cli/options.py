@@ -3,11 +3,21 @@ the default decides (edgespec.config.resolve), so every value flag here defaults
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from edgespec.config import Settings
+
+
+def path(value: str) -> Path:
+    """A file argument's parser: typer reads an empty one as ".", and a command then spoke of a
+    directory nobody named ("not a file: .")."""
+    if not value:
+        raise typer.BadParameter("the path is empty")
+    return Path(value)
+
 
 Target = Annotated[
     str | None,

@@ -527,6 +527,30 @@ def test_a_model_path_that_cannot_be_a_path_is_one_line(capsys, args, said):
     one_line_error(code, err, said)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", ""],
+        ["inspect", "{smol}", ""],
+        ["quantize", "", "out.gguf"],
+        ["quantize", "{smol}", ""],
+        ["narrow", ""],
+        ["narrow", "{smol}", ""],
+        ["bench", "--prompts", ""],
+        ["bench", "--json", ""],
+        ["chat", "--chat-template", ""],
+    ],
+)
+def test_an_empty_file_argument_is_named_as_empty_not_as_the_current_folder(
+    capsys, smol_path, args
+):
+    # typer reads "" as the path ".": these said "not a file: ." or ". is a directory".
+    args = [a.replace("{smol}", str(smol_path)) for a in args]
+    code, _, err = cli(capsys, *args)
+    one_line_error(code, err, "the path is empty")
+    assert code == 2
+
+
 def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,chain:4")
     one_line_error(code, err, "mode 'chain:4' needs a draft model (--draft)")
