@@ -6,7 +6,14 @@ import random
 
 import pytest
 
-from edgespec.ngram import STREAK_AFTER, NgramDrafter, Proposal
+from edgespec.ngram import (
+    MAX_REPLACEMENT,
+    MAX_WATCHED,
+    POINTER_WINDOW,
+    STREAK_AFTER,
+    NgramDrafter,
+    Proposal,
+)
 from edgespec.policy import Costs, best_proposal_length, expected_tokens
 
 
@@ -257,6 +264,9 @@ def test_proposals_inside_a_copied_span_learn_apart_from_the_others():
     assert drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
     drafter.record(ngram=3, proposed=4, accepted=1)
     assert not drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
+    drafter.record(ngram=3, proposed=4, accepted=4)
+    drafter.record(ngram=3, proposed=4, accepted=3)  # all but the last: the copy broke
+    assert not drafter.propose([1, 2, 3, 4, 1, 2, 3], max_len=1).streak
 
 
 # A module in which token 50 (say `proc`) is to be renamed to 60 61 (`parse_line`).
@@ -297,6 +307,7 @@ def test_a_replacement_the_target_rejects_is_forgotten():
     assert drafter.propose(history, max_len=2).tokens == [5, 6]
     assert drafter.replacements == {}
     assert drafter.propose([*history, 5, 6, 99, 4], max_len=2).tokens == [50, 5]
+    assert drafter.replacements == {}  # nor learnt again from what the target kept there
 
 
 def test_a_break_after_which_the_source_does_not_resume_teaches_no_replacement():
@@ -346,3 +357,159 @@ def test_a_copy_resumed_after_text_of_its_own_is_priced_by_its_longest_match():
     history += [*source[4:6], 8, *source[6:9]]  # two tokens copied, one of its own, copying on
     proposal = drafter.propose(history, max_len=3)
     assert (proposal.tokens, proposal.ngram) == (source[9:12], 3)
+
+
+def test_the_memory_of_old_rounds_fades_so_the_estimates_follow_a_change_of_task():
+    drafter = NgramDrafter()
+    for _ in range(1000):  # copy-heavy edits
+        drafter.record(ngram=4, proposed=1, accepted=1)
+    for _ in range(200):  # then open generation: with every round counted alike, still 0.83
+        drafter.record(ngram=4, proposed=1, accepted=0)
+    assert drafter.confidence(4) < 0.5
+
+
+def test_a_watched_proposal_of_one_token_says_the_copy_goes_on_once_that_token_is_right():
+    source = list(range(100, 140))
+    history = [*source, 7, *source[:4]]
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=1), start=len(history))
+    history.append(source[4])
+    assert drafter.propose(history, max_len=16).streak
+
+
+def test_a_watched_proposal_wrong_from_its_first_token_ends_the_streak():
+    source = list(range(100, 140))
+    history = [*source, 7, *source[:4]]
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=2), start=len(history))
+    history += source[4:6]  # right in full
+    proposal = drafter.propose(history, max_len=16)
+    assert proposal.streak
+    drafter.watch(proposal, start=len(history))
+    history.append(source[20])  # the text leaves the copy at once, for a token found further on
+    proposal = drafter.propose(history, max_len=16)
+    assert proposal.tokens and not proposal.streak
+
+
+def test_at_most_max_watched_proposals_wait_to_be_judged():
+    history = [5, 6, 7, 8, 5, 6]
+    learnt = []
+    for watched in (MAX_WATCHED, MAX_WATCHED + 4):
+        drafter = NgramDrafter()
+        proposal = drafter.propose(history, max_len=2)
+        for _ in range(watched):
+            drafter.watch(proposal, start=len(history))
+        drafter.propose([*history, 7], max_len=2)
+        learnt.append(drafter.acceptance(2, 0))
+    assert learnt[0] == learnt[1] > NgramDrafter().acceptance(2, 0)
+
+
+@pytest.mark.parametrize("length", [1, MAX_REPLACEMENT])
+def test_a_replacement_of_one_up_to_max_replacement_tokens_is_learnt(length):
+    drafter = NgramDrafter()
+    history = [*SOURCE, 0, 1]
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    written = list(range(60, 60 + length))
+    drafter.propose([*history, *written, 2, 3], max_len=4)
+    assert drafter.replacements == {50: tuple(written)}
+
+
+def test_the_shortest_text_after_which_the_source_resumes_is_the_replacement():
+    drafter = NgramDrafter()
+    history = [*SOURCE, 0, 1]
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    drafter.propose([*history, 60, 2, 3, 2, 3], max_len=4)  # "2 3" follows 60, and 60 2 3
+    assert drafter.replacements == {50: (60,)}
+
+
+def test_proposing_again_on_an_unchanged_history_keeps_what_was_learnt_of_it():
+    drafter, history = renaming_drafter()
+    first = drafter.propose(history, max_len=4)
+    again = drafter.propose(history, max_len=4)
+    assert again.tokens == first.tokens == [4, 60, 61, 5]
+
+
+def test_reset_forgets_the_replacements_and_the_breaks_and_proposals_waiting_to_teach_them():
+    """They belong to the history that was cleared or rewritten."""
+    drafter, decided = renaming_drafter()
+    drafter.propose(decided, max_len=4)
+    assert drafter.replacements == {50: (60, 61)}
+    drafter.reset()
+    assert drafter.replacements == {}
+    for seen in (0, 1):  # the proposal waiting to be judged, then the break it showed
+        drafter, decided = renaming_drafter()
+        drafter.propose(decided[: len(decided) - 4 + seen], max_len=4)
+        learnt = drafter.acceptances(2, 4)
+        drafter.reset()
+        drafter.propose(decided, max_len=4)  # the same tokens again, from a new history
+        assert drafter.replacements == {}
+        assert drafter.acceptances(2, 4) == learnt
+
+
+def test_reset_forgets_where_the_copy_was():
+    drafter = NgramDrafter()
+    history = [5, 9, 5]
+    drafter.watch(drafter.propose(history, max_len=2), start=len(history))  # 9 5
+    drafter.propose([*history, 9], max_len=2)  # right: the copy is at 9
+    drafter.reset()
+    new = [1, 2, 9, 1, 2, 8, 1, 2]  # "1 2" was last followed by 8
+    assert drafter.propose(new, max_len=1).tokens == [8]
+
+
+def test_an_index_grown_a_token_at_a_time_holds_each_position_once():
+    rng = random.Random(99)
+    history: list[int] = []
+    drafter = NgramDrafter()
+    for _ in range(300):
+        history.append(rng.randrange(4))
+        drafter.update(history)
+    rebuilt = NgramDrafter()
+    rebuilt.update(history)
+    assert drafter.index == rebuilt.index
+
+
+def quoting_drafter(source: list[int], between: list[int]) -> tuple[NgramDrafter, list[int]]:
+    """A drafter whose text, after `between`, quotes `source` and was right for two tokens of
+    its watched proposal: the copy's place is 6 in the source."""
+    history = [*source, *between, *source[:4]]
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    return drafter, history + source[4:6]
+
+
+@pytest.mark.parametrize("offset, continues", [(POINTER_WINDOW, True), (POINTER_WINDOW + 1, False)])
+def test_a_match_continues_the_copy_only_within_pointer_window_of_its_place(offset, continues):
+    source = list(range(100, 200))
+    source[6 + offset - 2 : 6 + offset] = [1, 2]  # "1 2" `offset` tokens past the copy's place,
+    drafter, history = quoting_drafter(source, between=[1, 2, 3, 7])  # and later, followed by 3
+    history += [1, 2]  # where the text writes "1 2"
+    expected = source[6 + offset] if continues else 3
+    assert drafter.propose(history, max_len=1).tokens == [expected]
+
+
+def test_a_single_token_does_not_say_where_the_copy_resumes():
+    source = list(range(100, 140))
+    source[10] = 0  # a common token, a newline say, ahead in the source
+    drafter, history = quoting_drafter(source, between=[0, 99, 7])  # and later, followed by 99
+    history.append(0)  # a newline of its own
+    assert drafter.propose(history, max_len=1).tokens == [99]  # its latest match
+
+
+def test_a_copy_through_a_run_of_one_token_resumes_after_the_last_token_copied():
+    source = list(range(100, 140))
+    source[8:13] = [0] * 5  # padding, say: copied three zeros, two are left
+    history = [*source, 7, *source[:7]]
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=6), start=len(history))
+    history += source[7:11]  # right so far
+    assert drafter.propose(history, max_len=3).tokens == [0, 0, source[13]]
+
+
+def test_a_resumed_copy_carries_its_longest_match_up_to_max_ngram():
+    source = list(range(100, 130))
+    history = [*source, 7, *source[:4]]
+    drafter = NgramDrafter()
+    drafter.watch(drafter.propose(history, max_len=4), start=len(history))
+    history += [*source[4:6], 8, *source[6:10]]  # copying on for four tokens after its own
+    proposal = drafter.propose(history, max_len=3)
+    assert (proposal.tokens, proposal.ngram) == (source[10:13], 4)

@@ -181,6 +181,7 @@ def test_measured_passes_correct_the_profile_curve_for_batches_not_for_a_step():
     assert c.verify_s(1) == 0.03
     c.record_pass(1, 1.0)  # a single step is measured as step_s, not here
     assert c.verify_s(1) == 0.03
+    assert c.verify_s(5) == pytest.approx(2 * from_profile, rel=0.01)  # nor does it correct passes
 
 
 def test_measured_passes_correct_the_whole_curve_by_one_factor():
@@ -326,6 +327,10 @@ def test_a_stored_pass_factor_is_started_from_within_reason():
         c = costs()
         c.start_from(stored)
         assert c.batch_factor.value == pytest.approx(started)
+    for nonsense in (0.0, -1.0):
+        c = costs()
+        c.start_from(nonsense)
+        assert c.batch_factor.value is None
 
 
 def test_a_stale_dear_pass_factor_reopens_the_gate_for_model_drafts():
@@ -375,11 +380,15 @@ def test_the_budget_allows_the_longest_pass_that_fits_past_a_dearer_shorter_one(
     assert length + 1 == 16 and c.steps(length + 1) - 1 <= budget.steps
 
 
-@pytest.mark.parametrize("curve", ["linear", "saw"])
+@pytest.mark.parametrize("curve", ["linear", "saw", "uneven"])
 def test_passes_within_the_budget_never_lose_more_than_the_allowance_whatever_they_yield(curve):
     """Whatever the proposals yield, and whichever length best_proposal_length takes within
-    what the budget allows; on the saw-shaped curve, odd sizes were timed dearer than 16."""
+    what the budget allows; on the saw-shaped curve, odd sizes were timed dearer than 16; on the
+    uneven one, no price is a multiple of half a step, so the budget is not either."""
     c, rng = half_a_step_a_token(), random.Random(5)
+    if curve == "uneven":
+        c = Costs(lambda k: 1 + 0.43 * (k - 1))
+        c.step_s.update(1.0)
     if curve == "saw":
         c = banded((1, 2, 4, 8, 16, 32))
         for k in (5, 7, 13, 15, 17, 31):
@@ -967,3 +976,66 @@ def test_the_share_follows_the_recent_tries():
         share.record(0.9)
     assert share.tries == MAX_SHARE_TRIES
     assert 0.7 < share.value < 0.9  # where the mean of all 28 is 0.61; never past the tries'
+
+
+def test_costs_are_measured_once_a_step_and_a_draft_step_are_both_known():
+    c = Costs(relative)
+    assert not c.measured
+    c.step_s.update(0.03)
+    assert not c.measured
+    c.estimate_draft_step(0.005)
+    assert c.measured
+
+
+def test_a_token_whose_chance_only_pays_for_its_slot_in_the_pass_is_not_verified():
+    """Verifying it would yield no more tokens a second than a plain step: its chance must
+    outweigh the slot, not match it."""
+    c = Costs(lambda k: 1 + 0.5 * (k - 1))
+    c.step_s.update(1.0)
+    assert best_pass_size([0.5], c) == (0, 1.0)  # 1.5 tokens for 1.5 steps
+
+
+def test_a_try_that_wins_brings_the_arms_next_probes_close_again():
+    policy = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=64)])
+    show_sure_text(policy)
+    try_arm(policy, "chain", tokens=3, seconds=0.05)  # 60 tok/s against 33
+    assert policy.arms[0].in_use and policy.arms[0].probe_every == FIRST_PROBE_EVERY
+
+
+def test_after_a_lost_try_the_next_probe_comes_probe_every_rounds_later():
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    show_sure_text(policy)
+    try_arm(policy, "chain", tokens=1, seconds=0.06)
+    wait = policy.arms[0].probe_every
+    assert decode(policy, wait, arm_round=(1, 0.06)) == ["plain"] * (wait - 1) + ["chain"]
+
+
+def test_a_probe_is_made_where_catching_the_draft_up_costs_exactly_the_answers_share():
+    """ANSWER_SHARE is the most a catch-up may cost of the time the answer has left."""
+    rounds_left = 400
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    catch_up_s = ANSWER_SHARE * rounds_left * policy.costs.verify_s(1)
+    assert policy.choose(None, catch_up_s, rounds_left) == "chain"
+
+
+def test_text_exactly_as_sure_as_sure_text_is_sure_enough_for_a_probe():
+    policy = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    assert decode(policy, 40, arm_round=(1, 0.06), sure=SURE_TEXT).index("chain") == SURE_STEPS
+
+
+def test_a_try_judged_before_the_drafts_cost_is_known_teaches_nothing_of_the_ceiling():
+    share = CeilingShare()
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=None), [Arm("chain")], share=share)
+    show_sure_text(policy)
+    try_arm(policy, "chain", tokens=1, seconds=0.06)
+    assert share.tries == 0 and not policy.arms[0].in_use
+
+
+def test_where_models_cannot_pay_an_ngram_proposal_is_weighed_against_plain_steps_alone():
+    """An arm in use when the gate shuts (its draft priced dearer) drafts no more, so it is
+    not the rival an n-gram proposal must beat."""
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    try_arm(policy, "chain", tokens=3, seconds=0.05)  # 60 tok/s against 33: in use
+    policy.costs.draft_s.update(0.1)
+    assert not policy.models_can_pay()
+    assert policy.choose(ngram_rate=1.2 * policy.plain_rate()) == "ngram"
