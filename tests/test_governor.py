@@ -109,6 +109,62 @@ def test_one_thread_has_nothing_to_govern():
         ThreadGovernor(0)
 
 
+def test_after_moving_to_one_thread_the_governor_waits_before_trying_two_again():
+    governor = ThreadGovernor(2, reference_s=QUIET_2CORE[2])
+    used = run(governor, BUSY_2CORE.__getitem__, 60)
+    assert used[8] == 1
+    waiting = int(governor.first_retry_s / BUSY_2CORE[1])  # decodes in first_retry_s
+    assert 2 not in used[8 : 8 + waiting]
+
+
+def test_however_long_the_busy_spell_the_threads_come_back_within_the_longest_wait():
+    governor = ThreadGovernor(2, reference_s=QUIET_2CORE[2])
+    run(governor, BUSY_2CORE.__getitem__, 2000)  # 260 s: doubled waits would reach 256 s
+    used = run(governor, QUIET_2CORE.__getitem__, 400)
+    assert used.index(2) * QUIET_2CORE[1] <= governor.max_retry_s + 5 * QUIET_2CORE[1]
+
+
+def test_a_new_busy_spell_after_the_threads_came_back_waits_from_the_first_retry_again():
+    governor = ThreadGovernor(2, reference_s=QUIET_2CORE[2])
+    run(governor, BUSY_2CORE.__getitem__, 100)  # failed trials of two threads have backed off
+    run(governor, QUIET_2CORE.__getitem__, 300)
+    assert governor.threads == 2
+    run(governor, BUSY_2CORE.__getitem__, 60)
+    assert governor.threads == 1
+    used = run(governor, QUIET_2CORE.__getitem__, 300)
+    assert used.index(2) * QUIET_2CORE[1] <= 2 * governor.first_retry_s
+
+
+def test_a_trial_is_kept_when_its_median_is_at_most_better_times_the_current_speed():
+    def trial(times: list[float]) -> int:
+        governor = ThreadGovernor(2, reference_s=0.1)
+        run(governor, lambda n: 0.25, 4)
+        assert governor.observe(0.25) == 1  # 2.5x the profile: a trial of one thread
+        for seconds in times:
+            governor.observe(seconds)
+        return governor.threads
+
+    assert trial([0.9 * 0.25] * 3) == 1  # exactly `better` times as fast
+    assert trial([0.1, 0.3, 0.1]) == 1  # one slow decode, short of an abort, is outvoted
+    assert trial([0.3, 0.1, 0.3]) == 2
+
+
+def test_below_every_thread_a_count_is_judged_against_its_own_best_speed_not_the_profile():
+    # 3 threads run 1.8x the 4-thread profile yet are the fastest: 2 is never worth a trial.
+    busy = {4: 0.200, 3: 0.090, 2: 0.120, 1: 0.200}
+    governor = ThreadGovernor(4, reference_s=0.050)
+    used = run(governor, busy.__getitem__, 400)
+    assert governor.threads == 3 and 2 not in used
+
+
+def test_a_second_busy_core_moves_the_model_down_one_more_thread():
+    governor = ThreadGovernor(4, reference_s=0.050)
+    run(governor, {4: 0.200, 3: 0.060, 2: 0.085, 1: 0.160}.__getitem__, 300)
+    assert governor.threads == 3
+    used = run(governor, {4: 0.250, 3: 0.200, 2: 0.070, 1: 0.130}.__getitem__, 300)
+    assert governor.threads == 2 and used[-100:].count(2) > 90
+
+
 # --- On the real llama.cpp ----------------------------------------------------------------------
 
 

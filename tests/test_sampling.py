@@ -461,6 +461,8 @@ def test_chain_validates_its_rows_and_draft_tokens():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="2 draft tokens need 2 q rows and 3 p rows"):
         accept_chain([4, 5], [q, q], [p, p], rng)
+    with pytest.raises(ValueError, match="1 draft tokens need 1 q rows and 2 p rows"):
+        accept_chain([4], [q], [p, p, p], rng)  # one p row too many is no bonus row either
     with pytest.raises(ValueError, match="draft probability 0"):
         accept_chain([2], [q], [p, p], rng)  # q(2) = 0: token 2 cannot come from this draft
 
@@ -615,3 +617,47 @@ def test_point_mass_accepts_with_the_target_probability_of_the_token():
     assert all(token != 7 for accepted, token in results if accepted is None)
     assert accept_point_mass(0, p, rng)[0] is None  # p(0) = 0: never accepted
     assert accept_point_mass(3, np.eye(VOCAB)[3], rng) == (3, 3)  # certain
+
+
+class Uniform:
+    """A generator whose every uniform is `value`: edges a real one reaches once in 2^53 draws."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+    def permutation(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+
+def test_sample_never_picks_a_zero_even_at_the_edges_of_the_uniform():
+    assert sample(np.array([0.0, 0.0, 1.0, 1.0, 0.0]), Uniform(0.0)) == 2
+    # A subnormal total: uniform * total rounds up to the total itself.
+    assert sample(np.array([5e-324, 0.0]), Uniform(1 - 2**-53)) == 0
+
+
+def test_a_token_the_target_never_emits_is_rejected_even_by_a_uniform_of_zero():
+    p, q = target_and_draft(0)
+    impossible = int(np.flatnonzero((p == 0) & (q > 0))[0])
+    assert accept_chain([impossible], [q], [p, p], Uniform(0.0))[0] == 0
+    assert accept_among_children([impossible], q, p, Uniform(0.0))[0] is None
+    assert accept_point_mass(impossible, p, Uniform(0.0))[0] is None
+
+
+def children_sorted_by_the_drafts_probability(draws, q, p, rng) -> tuple[int | None, int]:
+    """A caller that tries the likeliest draws first: the rule must not let that order bias it."""
+    return accept_among_children(sorted(draws, key=lambda token: -q[token]), q, p, rng)
+
+
+def test_children_emit_the_target_distribution_whatever_order_the_caller_gives_the_draws():
+    tokens, p, _ = emitted_at_node(children_sorted_by_the_drafts_probability, n_draws=4, seed=3)
+    assert follows(tokens, p)
+
+
+def test_min_p_keeps_a_token_exactly_min_p_times_as_likely_as_the_best():
+    logits = np.array([0.0, -0.7, -3.0])
+    # The ratio as probs_from_logits computes it (same ufunc, same row), so the tie is exact.
+    min_p = float(np.exp(np.subtract(logits, logits.max()))[1])
+    assert kept(probs_from_logits(logits, SamplingParams(temperature=1, min_p=min_p))) == [0, 1]

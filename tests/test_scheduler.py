@@ -141,3 +141,40 @@ def test_a_grafted_branch_neither_keeps_the_draft_going_nor_ends_it() -> None:
     assert ended.branches[1].closed
     grow(ended, 0, {20: 0.9})
     assert verify_cause(ended, alpha=0.5, cfg=cfg) is None  # the graft's closed .98 counts not
+
+
+def test_the_pacer_holds_back_a_confident_branch_that_has_drafted_beyond_its_share() -> None:
+    tree, budgets = TokenTree(1), {"max_branches": 4, "max_nodes": 32}
+    tree.expand(0, [(10, 0.6), (20, 0.4)], **budgets)
+    tree.expand(0, [(11, 1.0)], **budgets)
+    tree.expand(0, [(12, 1.0)], **budgets)
+    # C = .6, .4; tokens 3, 1: 8·.6 − 3 = 1.8 vs 8·.4 − 1 = 2.2
+    assert PacerScheduler(budget_tokens=8).pick(tree) == 1
+    assert GreedyScheduler().pick(tree) == 0
+
+
+def test_the_pacer_shares_the_budget_among_the_open_branches_only() -> None:
+    tree, budgets = TokenTree(1), {"max_branches": 4, "max_nodes": 32, "is_eog": {EOG}}
+    tree.expand(0, [(10, 0.5), (EOG, 0.3), (20, 0.2)], **budgets)
+    for token in (11, 12, 13):
+        tree.expand(0, [(token, 1.0)], **budgets)
+    # Open C = .5, .2 (ΣC = .7); tokens 4, 1: 8·.5/.7 − 4 = 1.71 vs 8·.2/.7 − 1 = 1.29.
+    # Counting the ended branch's .3 in ΣC would give 0 vs 0.6.
+    assert PacerScheduler(budget_tokens=8).pick(tree) == 0
+
+
+def test_when_every_confidence_underflows_the_pacer_extends_the_least_drafted_branch() -> None:
+    tree, budgets = TokenTree(1), {"max_branches": 4, "max_nodes": 32}
+    tree.expand(0, [(10, 1e-200), (20, 1e-200)], **budgets)
+    tree.expand(0, [(11, 1e-200)], **budgets)
+    tree.expand(1, [(21, 1e-200)], **budgets)
+    tree.expand(0, [(12, 0.5)], **budgets)
+    assert [tree.leaf(b).confidence for b in (0, 1)] == [0.0, 0.0]
+    assert PacerScheduler(budget_tokens=8).pick(tree) == 1  # 2 tokens against 3
+
+
+def test_a_tree_as_confident_as_alpha_keeps_drafting() -> None:
+    # After a round that rejected everything alpha is 1: the root alone is that confident,
+    # and the draft must still propose a token before the target verifies.
+    assert next_alpha(0.01, drafted=3, accepted=0) == 1.0
+    assert verify_cause(TokenTree(1), 1.0, CFG) is None

@@ -428,3 +428,57 @@ def test_a_graft_respects_the_node_and_branch_budgets() -> None:
     assert len(tree.nodes) == 3
     full = TokenTree(1)
     assert full.graft([10], [0.9], max_branches=1, max_nodes=32) is None
+
+
+def test_a_branch_whose_end_of_generation_leaf_is_pruned_is_open_again() -> None:
+    tree = TokenTree(1)
+    grow(tree, 0, {10: 0.6, 20: 0.35})
+    grow(tree, 0, {EOG: 0.9})  # node 3, ends branch 0
+    grow(tree, 1, {EOG: 0.9})  # node 4, ends branch 1
+    assert tree.open_branches() == []
+    tree.prune([1, 2, 3])
+    assert tree.open_branches() == [1]  # branch 0 still ends at its end-of-generation token
+
+
+def test_at_the_node_budget_the_draft_still_moves_into_a_node_a_graft_already_has() -> None:
+    tree = grafted_tree()
+    assert tree.expand(0, [(10, 0.95)], max_branches=4, max_nodes=4) == []
+    assert len(tree.nodes) == 4 and tree.branches[0].leaf == 1
+
+
+def test_a_shared_node_keeps_the_grafts_estimate_where_the_draft_is_less_sure() -> None:
+    tree = grafted_tree()
+    grow(tree, 0, {10: 0.5})
+    assert tree.leaf(0).prob == pytest.approx(0.9)
+    assert tree.leaf(0).confidence == pytest.approx(0.9)
+
+
+def test_a_graft_ends_at_its_first_end_of_generation_token() -> None:
+    tree = TokenTree(1)
+    tree.graft([10, EOG, 11], [0.9] * 3, max_branches=4, max_nodes=32, is_eog={EOG})
+    assert [n.token for n in tree.nodes] == [1, 10, EOG]
+    assert tree.branches[1].closed
+
+
+def test_an_empty_proposal_grafts_no_branch() -> None:
+    tree = TokenTree(1)
+    assert tree.graft([], [], max_branches=4, max_nodes=32) is None
+    assert len(tree.branches) == 1
+
+
+def test_a_candidate_exactly_at_branch_p_starts_a_branch() -> None:
+    assert branch_children([(10, 0.6), (20, 0.3)], 0.3) == [(10, 0.6), (20, 0.3)]
+
+
+def test_the_summary_of_an_acceptance_cut_short_on_the_most_confident_branch() -> None:
+    tree = forked_tree()
+    summary = summarize(tree, greedy_accept(tree, np.array([20, 0, 99, 0, 0, 0])))
+    assert (summary.best_drafted, summary.best_accepted) == (2, 1)  # 20 yes, 21 no
+
+
+def test_the_summary_of_a_graft_accepted_beyond_the_drafts_best_branch() -> None:
+    tree = grafted_tree()
+    grow(tree, 0, {10: 0.95})  # the draft's only branch ends at 10, the graft goes to depth 3
+    summary = summarize(tree, greedy_accept(tree, np.array([10, 11, 12, 0])))
+    assert (summary.best_drafted, summary.best_accepted, summary.grafted_accepted) == (1, 1, 2)
+    assert summary.max_depth == 3  # the graft's nodes are verified: the tree is that deep
