@@ -272,6 +272,13 @@ def branch_children(
     return [(top, chance_top), *((t, c) for t, c in chances if c >= branch_p)]
 
 
+def may_branch(top_chance: float, branch_p: float) -> bool:
+    """Whether any runner-up could start a branch (branch_children) where the argmax's chance of
+    being the target's token is `top_chance`: the runner-ups share what the argmax leaves, so
+    none reaches branch_p when that is less (by more than rounding)."""
+    return 1.0 - top_chance >= branch_p - 1e-9
+
+
 def verification_batch(tree: TokenTree) -> tuple[list[int], list[int], list[list[int]]]:
     """Tokens, depths and sorted seq ids of every node once, parents before children.
 

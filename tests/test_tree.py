@@ -11,6 +11,7 @@ from edgespec.tree import (
     TokenTree,
     branch_children,
     greedy_accept,
+    may_branch,
     sampled_accept,
     summarize,
     top_candidates,
@@ -189,6 +190,24 @@ def test_an_overconfident_draft_branches_on_candidates_below_the_threshold() -> 
 
 def test_a_certain_draft_leaves_nothing_to_its_runners_up() -> None:
     assert branch_children([(1, 1.0), (2, 0.0)], 0.01, top_acceptance=0.5) == [(1, 0.5)]
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_where_no_runner_up_may_branch_none_does(calibrated: bool) -> None:
+    # The tree looks at the runner-ups only where may_branch says one could start a branch.
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        logits = rng.normal(0.0, rng.uniform(0.1, 6.0), size=64).astype(np.float32)
+        candidates = top_candidates(logits, 4)
+        p_top = candidates[0][1]
+        chance = float(rng.uniform()) if calibrated else None
+        branch_p = float(rng.uniform(0.01, 0.6))
+        children = branch_children(candidates, branch_p, chance)
+        if not may_branch(p_top if chance is None else chance, branch_p):
+            assert len(children) == 1
+    # At the edge: one runner-up holding all the rest branches at exactly that share.
+    assert may_branch(0.7, 0.3) and len(branch_children([(1, 0.7), (2, 0.3)], 0.3)) == 2
+    assert not may_branch(0.71, 0.3)
 
 
 def test_a_new_branch_copies_its_parent_branch_up_to_the_shared_parent() -> None:
