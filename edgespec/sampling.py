@@ -204,7 +204,8 @@ def _inverse_cdf(weights: np.ndarray, uniform: float) -> int:
     if not cdf[-1] > 0:
         raise ValueError("cannot sample: the probabilities sum to zero")
     index = int(np.searchsorted(cdf, uniform * cdf[-1], side="right"))
-    # side="right" never lands on a zero weight, but uniform * total can round up to the total.
+    # side="right" never lands on a zero weight; uniform * total reaches the total only where
+    # the total is subnormal (a uniform just below 1 times 5e-324), rounding up.
     return index if index < weights.size else int(np.flatnonzero(weights)[-1])
 
 

@@ -134,11 +134,17 @@ class TokenTree:
         if not tokens or len(self.branches) >= max_branches:
             return None
         branch = len(self.branches)
-        self.branches.append(Branch(leaf=0, grafted=True))
+        grafted = Branch(leaf=0, grafted=True)
+        self.branches.append(grafted)
         for token, prob in zip(tokens, probs, strict=True):
-            if len(self.nodes) >= max_nodes or self.branches[branch].closed:
+            # At the node budget a path the tree already has may still be followed (as expand).
+            full = len(self.nodes) >= max_nodes
+            if grafted.closed or (full and self._child(grafted.leaf, int(token)) is None):
                 break
-            self._add_child(self.branches[branch].leaf, int(token), float(prob), branch, ends)
+            self._add_child(grafted.leaf, int(token), float(prob), branch, ends)
+        if grafted.tokens == 0:  # no room for its first token
+            self.branches.pop()
+            return None
         return branch
 
     def expand(

@@ -485,6 +485,20 @@ def test_an_empty_proposal_grafts_no_branch() -> None:
     assert len(tree.branches) == 1
 
 
+def test_a_proposal_with_no_room_for_its_first_node_grafts_no_branch() -> None:
+    tree = TokenTree(1)
+    assert tree.graft([10], [0.9], max_branches=4, max_nodes=1) is None
+    assert len(tree.branches) == 1 and len(tree.nodes) == 1
+
+
+def test_at_the_node_budget_a_graft_still_follows_a_path_the_draft_made() -> None:
+    tree = TokenTree(1)
+    tree.expand(0, [(10, 0.5)], max_branches=4, max_nodes=2)
+    branch = tree.graft([10, 11], [0.9, 0.9], max_branches=4, max_nodes=2)
+    assert branch == 1 and tree.leaf(branch).token == 10  # then no room for 11
+    assert len(tree.nodes) == 2 and tree.nodes[1].prob == 0.9  # the surer drafter's estimate
+
+
 def test_a_candidate_exactly_at_branch_p_starts_a_branch() -> None:
     assert branch_children([(10, 0.6), (20, 0.3)], 0.3) == [(10, 0.6), (20, 0.3)]
 
