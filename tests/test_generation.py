@@ -201,11 +201,18 @@ def test_the_draft_cache_never_runs_ahead_of_the_committed_tokens(q2_draft_engin
 def test_generation_stops_at_max_tokens_and_at_a_stop_string(self_draft_engine):
     short = greedy(self_draft_engine, PROMPTS[1], "chain", n=5)
     assert len(short.tokens) == 5 and short.stats.finish_reason == "length"
-    full = greedy(self_draft_engine, PROMPTS[1], "chain", n=60).text
-    stop = full[10:14]
+    full = greedy(self_draft_engine, PROMPTS[1], "chain", n=60)
+    stop = full.text[10:14]
     stopped = greedy(self_draft_engine, PROMPTS[1], "chain", n=60, stop=[stop])
     assert stopped.stats.finish_reason == "stop_string"
-    assert stopped.text == full[: full.index(stop)]
+    assert stopped.text == full.text[: full.text.index(stop)]
+
+    # The tokens run through the one that completed the stop text (as README says of --json).
+    def text_of(tokens: list[int]) -> str:
+        return b"".join(map(self_draft_engine.target.piece, tokens)).decode(errors="replace")
+
+    assert stopped.tokens == full.tokens[: len(stopped.tokens)]
+    assert stop in text_of(stopped.tokens) and stop not in text_of(stopped.tokens[:-1])
 
 
 def test_generation_ends_at_the_end_of_generation_token(plain_engine):
