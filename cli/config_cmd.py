@@ -53,9 +53,30 @@ def _print_table(settings: Settings) -> None:
     table.caption = f"config file: {path}" + ("" if path.exists() else " (none yet)")
     for name, value in settings.values().items():
         # Text, not str: a value such as a system message must not be read as rich markup.
-        shown = Text("(not set)", style="dim") if value is None else Text(str(value))
+        shown = Text(str(value)) if value is not None else Text(_unset(name, settings), "dim")
         table.add_row(name, shown, Text(settings.source(name)))
     Console(highlight=False).print(table)
+
+
+def _unset(name: str, settings: Settings) -> str:
+    """What `run` does about a setting nobody set: "(not set)" alone did not say which model
+    or mode a run would use."""
+    from .app import DEFAULT_DRAFT, DEFAULT_TARGET, draft_named_or_default
+
+    default_draft = f"{DEFAULT_DRAFT}, in its fastest form here"
+    meaning = {
+        "target": DEFAULT_TARGET,
+        "draft": default_draft if draft_named_or_default(settings) else "none",
+        "mode": "auto",
+        "threads": "one per CPU of target_cpus",
+        "draft_threads": "one per CPU of draft_cpus",
+        "target_cpus": "the big cores; all when cores are equal",
+        "draft_cpus": "the little cores; all when cores are equal",
+        "seed": "random",
+        "draft_max": "chosen each round",
+        "system": "the chat template's own, if any",
+    }.get(name)
+    return f"(not set: {meaning})" if meaning else "(not set)"
 
 
 @config_app.command()

@@ -29,7 +29,7 @@ Draft = Annotated[
     str | None,
     typer.Option(
         help="Draft GGUF path or catalogue name [default: the Qwen 0.5B, in its fastest form "
-        "here, when no --target]"
+        "here, when no target is named (--target, EDGESPEC_TARGET or config.toml)]"
     ),
 ]
 Mode = Annotated[

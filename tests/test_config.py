@@ -287,6 +287,18 @@ def test_config_show_prints_a_table_of_settings_values_and_sources(monkeypatch):
     assert "0.5" in temp_row and "env EDGESPEC_TEMP" in temp_row
 
 
+def test_config_show_says_what_run_uses_for_what_nobody_set(home, monkeypatch):
+    for name in ("TARGET", "DRAFT", "MODE"):
+        monkeypatch.delenv(f"EDGESPEC_{name}", raising=False)
+    rows = CliRunner().invoke(config_app, ["show"]).stdout.splitlines()
+    row = {name: next(line for line in rows if f" {name} " in line) for name in config.NAMES}
+    assert "not set: qwen2.5-coder-1.5b" in row["target"]
+    assert "not set: qwen2.5-coder-0.5b" in row["draft"] and "not set: auto" in row["mode"]
+    monkeypatch.setenv("EDGESPEC_TARGET", "my.gguf")  # a target named: no default draft
+    rows = CliRunner().invoke(config_app, ["show"]).stdout.splitlines()
+    assert "not set: none" in next(line for line in rows if " draft " in line)
+
+
 def test_config_show_reports_a_bad_file_in_one_line(home):
     path = write_config(home, 'ctx_size = "big"\n')
     result = CliRunner().invoke(config_app, ["show"])
