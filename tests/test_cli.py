@@ -551,6 +551,17 @@ def test_an_empty_file_argument_is_named_as_empty_not_as_the_current_folder(
     assert code == 2
 
 
+def test_more_threads_than_cpus_are_used_as_asked_with_a_note_that_they_only_wait(
+    capsys, smol_path
+):
+    args = ["-m", str(smol_path), "--mode", "target", "-n", "2", "--target-cpus", "0"]
+    code, out, err = cli(capsys, "run", *args, "-t", "2", "hi")
+    assert code == 0 and out
+    assert "--threads 2 is more threads than the 1 CPU the target may use" in err
+    code, _, err = cli(capsys, "run", *args, "-t", "1", "hi")
+    assert code == 0 and "more threads" not in err
+
+
 def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,chain:4")
     one_line_error(code, err, "mode 'chain:4' needs a draft model (--draft)")
