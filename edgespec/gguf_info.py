@@ -231,6 +231,8 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     size = path.stat().st_size
     with path.open("rb") as f:
         magic = f.read(4)
+        if not magic:  # a download or copy that never started
+            raise ModelFileError(f"{path} is empty (0 bytes), not a GGUF file")
         if magic != GGUF_MAGIC:
             raise ModelFileError(
                 f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"

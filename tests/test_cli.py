@@ -414,6 +414,15 @@ def test_a_file_that_is_not_gguf_is_one_clear_line(capsys, tmp_path):
     one_line_error(code, err, "not a GGUF file")
 
 
+@pytest.mark.parametrize("command", ["run", "inspect"])
+def test_an_empty_file_is_called_empty(capsys, tmp_path, command):
+    empty = tmp_path / "model.gguf"
+    empty.touch()
+    args = ["-m", str(empty), "hi"] if command == "run" else [str(empty)]
+    code, _, err = cli(capsys, command, *args)
+    one_line_error(code, err, "model.gguf is empty (0 bytes)")  # was "starts with b''"
+
+
 def test_a_truncated_gguf_is_one_clear_line(capsys, tmp_path, smol_path):
     truncated = tmp_path / "truncated.gguf"
     with smol_path.open("rb") as src:
