@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import json
 import os
@@ -619,7 +620,9 @@ def check_destination(dest: Path, *sources: Path | None) -> Path:
     try:
         probe.touch(exist_ok=False)
     except OSError as e:
-        raise BadSettingError(f"cannot write {dest}: {e.strerror or e}") from None
+        # /proc and kin answer "No such file or directory" for a folder that is there
+        why = f"no file can be made in {folder}" if e.errno == errno.ENOENT else e.strerror or e
+        raise BadSettingError(f"cannot write {dest}: {why}") from None
     probe.unlink(missing_ok=True)
     return dest
 

@@ -854,7 +854,9 @@ def test_a_destination_that_cannot_be_written_fails_before_the_work(capsys, tmp_
         one_line_error(code, err, "there is no directory")
         # /proc passes os.access for root, and no file can be made there: said before the work
         code, _, err = cli(capsys, command, str(source), "/proc/q.gguf")
-        one_line_error(code, err, "cannot write /proc/q.gguf")
+        one_line_error(code, err, "cannot write /proc/q.gguf: no file can be made in /proc")
+        code, _, err = cli(capsys, command, str(source), "/proc/version")  # there: not "no such"
+        one_line_error(code, err, "cannot write /proc/version: no file can be made in /proc")
     else:  # a link beside the draft that leads elsewhere: the copy would land there
         (tmp_path / "elsewhere").mkdir()
         link = tmp_path / "draft.head1k.gguf"
