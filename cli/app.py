@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgespec import catalogue
-from edgespec.config import Settings, resolve
+from edgespec.config import Settings, resolve, unknown_variables
 from edgespec.draft_head import HEAD_TOKENS, narrowed_path
 from edgespec.errors import (
     BadSettingError,
@@ -679,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if sys.stdin is None:  # stdin closed (`<&-`): as empty, which "-" then says
         sys.stdin = open(os.devnull)  # noqa: SIM115 (for the life of the process)
+    for line in unknown_variables(os.environ):
+        note(line)
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="edgespec", standalone_mode=False)

@@ -144,6 +144,30 @@ def read_env(environ: Mapping[str, str]) -> Layer:
     return layer
 
 
+# EDGESPEC_* variables read elsewhere: the home (config_dir), the Makefile's demo prompt, the
+# setup scripts' virtual environment and the device facts their tests pretend.
+OTHER_VARIABLES = ("HOME", "DEMO_PROMPT", "VENV", "UNAME_M", "LONG_BIT", "MEM_MIB", "NPROC")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each EDGESPEC_* variable that nothing reads: a typo (EDGESPEC_TEMPERATURE)
+    changed nothing without a word, where config.toml's unknown keys are errors. Said, not
+    refused: the environment reaches every program, and may hold a variable of someone else's."""
+    notes = []
+    for variable in sorted(environ):
+        name = variable.removeprefix(ENV_PREFIX)
+        if name == variable or name in OTHER_VARIABLES:
+            continue
+        if name.isupper() and name.lower() in NAMES:
+            continue
+        key = name.lower()
+        close = get_close_matches(key, NAMES, n=1, cutoff=0.7)  # a typo: DRAFTMAX, TRHEADS
+        close = close or [n for n in NAMES if key.startswith(n)]  # TEMPERATURE for TEMP
+        hint = f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
+        notes.append(f"{variable} is not a variable edgespec reads{hint}")
+    return notes
+
+
 def read_file(path: Path) -> Layer:
     """The settings in a config file (none if it does not exist), checked against their types."""
     try:

@@ -414,6 +414,14 @@ def test_a_file_that_is_not_gguf_is_one_clear_line(capsys, tmp_path):
     one_line_error(code, err, "not a GGUF file")
 
 
+def test_a_misspelt_variable_is_noted_and_the_command_runs(capsys, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_TEMPERATURE", "0.7")
+    code, out, err = cli(capsys, "config", "path")
+    assert code == 0 and out.strip().endswith("config.toml")
+    said = "EDGESPEC_TEMPERATURE is not a variable edgespec reads; did you mean EDGESPEC_TEMP?"
+    assert err == said + "\n"
+
+
 @pytest.mark.parametrize("command", ["run", "inspect"])
 def test_an_empty_file_is_called_empty(capsys, tmp_path, command):
     empty = tmp_path / "model.gguf"

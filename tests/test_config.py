@@ -148,6 +148,27 @@ def test_a_bad_environment_value_names_the_variable(monkeypatch, variable, text,
     assert bad_setting() == message
 
 
+def test_an_edgespec_variable_nothing_reads_is_named_with_the_setting_it_may_mean():
+    environ = {
+        "EDGESPEC_TEMPERATURE": "0.7",  # the setting is temp
+        "EDGESPEC_DRAFTMAX": "4",
+        "EDGESPEC_temp": "0.7",  # variables are upper case
+        "EDGESPEC_SERVER": "1",
+        "EDGESPEC_TEMP": "0.7",  # read: settings, and what the scripts and Makefile set
+        "EDGESPEC_HOME": "/tmp",
+        "EDGESPEC_DEMO_PROMPT": "hi",
+        "EDGESPEC_NPROC": "4",
+        "EDGESPEC": "edgespec",  # edgespec-ask.sh's command
+        "TEMP": "/tmp",
+    }
+    assert config.unknown_variables(environ) == [
+        "EDGESPEC_DRAFTMAX is not a variable edgespec reads; did you mean EDGESPEC_DRAFT_MAX?",
+        "EDGESPEC_SERVER is not a variable edgespec reads",
+        "EDGESPEC_TEMPERATURE is not a variable edgespec reads; did you mean EDGESPEC_TEMP?",
+        "EDGESPEC_temp is not a variable edgespec reads; did you mean EDGESPEC_TEMP?",
+    ]
+
+
 def test_a_bad_environment_value_is_reported_even_when_a_flag_overrides_it(monkeypatch):
     monkeypatch.setenv("EDGESPEC_TEMP", "hot")
     assert bad_setting({"temp": 0.5}).startswith("EDGESPEC_TEMP must be a number")
