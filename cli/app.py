@@ -117,6 +117,15 @@ def resolve_model(value: str | None, default: str | None, fetch: bool = True) ->
     return local if local is not None or not fetch else fetch_with_progress(name, err)
 
 
+def fetched(model: Path) -> Path:
+    """A model's file: `model` itself, or the fetched file of a catalogue name (not fetched
+    here: inspecting a model should not download a gigabyte)."""
+    path = resolve_model(str(model), None, fetch=False)
+    if path is None:
+        raise ModelFileError(f"{model} is not fetched yet: edgespec models fetch {model}")
+    return path
+
+
 def check_named_models(settings: Settings) -> None:
     """Models named by path are checked before any is fetched: a typo in the draft's path was
     said after the default target's gigabyte had come down."""
@@ -517,10 +526,11 @@ def inspect(
         bool, typer.Option("--json", help="Print one JSON object: {models, pairable, reason}")
     ] = False,
 ) -> None:
-    """Show a GGUF's metadata; with two files, whether they can be a draft/target pair."""
+    """Show a GGUF's metadata; with two files, whether they can be a draft/target pair. A
+    catalogue name stands for its fetched file, as in run."""
     from edgespec.gguf_info import pairing_problem, read_gguf
 
-    infos = [read_gguf(file)] + ([read_gguf(other)] if other else [])
+    infos = [read_gguf(fetched(file))] + ([read_gguf(fetched(other))] if other else [])
     verdict = None
     if other:
         draft, target = infos

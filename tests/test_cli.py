@@ -24,6 +24,7 @@ from edgespec.cli.app import main
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
 
+from .conftest import SMOL
 from .helpers import hear_ctrl_c, tensor_types, with_tensor_stored_as, write_tiny_gguf
 
 STATS_KEYS = {
@@ -412,6 +413,21 @@ def test_a_file_that_is_not_gguf_is_one_clear_line(capsys, tmp_path):
     bogus.write_text("this is not a model\n" * 10)
     code, _, err = cli(capsys, "run", "-m", str(bogus), "hi")
     one_line_error(code, err, "not a GGUF file")
+
+
+def test_inspect_takes_a_catalogue_name_for_its_fetched_file_and_fetches_nothing(
+    capsys, smol_path, monkeypatch, tmp_path
+):
+    by_name, by_path = (cli(capsys, "inspect", "--json", m) for m in (SMOL, str(smol_path)))
+    assert by_name[0] == 0 and by_name[1] == by_path[1]
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # nothing fetched there
+
+    def fetch(name, console):
+        raise AssertionError(f"{name} fetched")
+
+    monkeypatch.setattr("edgespec.cli.app.fetch_with_progress", fetch)
+    code, _, err = cli(capsys, "inspect", SMOL)
+    one_line_error(code, err, f"{SMOL} is not fetched yet: edgespec models fetch {SMOL}")
 
 
 def test_a_misspelt_variable_is_noted_and_the_command_runs(capsys, monkeypatch):
