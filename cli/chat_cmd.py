@@ -43,7 +43,7 @@ HELP = f"""\
 /save FILE        save the conversation as JSON
 /load FILE        continue a saved conversation
 /bye, /exit       leave (or Ctrl+D)
-{MULTILINE} ... {MULTILINE}       a message of several lines
+{MULTILINE} ... {MULTILINE}       a message of several lines (Ctrl+C drops it, Ctrl+P recalls it)
 Ctrl+C stops an answer and keeps what it said so far."""
 
 err = Console(stderr=True, highlight=False)
@@ -211,6 +211,15 @@ class Repl:
                 lines.append(self.read_line("... "))
         except EOFError:  # input ended inside the block: what was typed is still the message
             return "\n".join(lines).strip()
+        except KeyboardInterrupt:
+            # Readline kept the block's lines one by one, and one at a time they make no
+            # message: it keeps the block as typed too, to take up again and close.
+            if self.interactive and "readline" in sys.modules:
+                sys.modules["readline"].add_history("\n".join([line, *lines[1:]]))
+                print()
+                err.print("[dim]message dropped; Ctrl+P (or ↑) brings it back[/dim]")
+                return ""
+            raise
         lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
         return "\n".join(lines).strip()
 

@@ -194,6 +194,31 @@ def test_a_piped_chat_whose_command_failed_exits_non_zero_after_the_rest(smol_pa
     assert last == "error: 2 of the piped messages and commands failed (see above)"
 
 
+def test_a_block_dropped_by_ctrl_c_is_recalled_whole_and_can_be_finished(smol_path, tmp_path):
+    """Ctrl+C inside a \"\"\" block dropped it, its lines only in readline's history one by one."""
+    term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        for line in ('"""', "first line", "second line"):
+            term.send_line(line)
+            term.expect(r"^\.\.\. ")
+        term.press(b"\x03")  # Ctrl+C
+        term.expect(r"message dropped; Ctrl\+P")
+        term.expect(r"^>>> ")
+        term.press(b"\x10")  # Ctrl+P: the block as typed, then Enter: still open
+        term.send_line("")
+        term.expect(r"^\.\.\. ")
+        term.ask('"""')
+        path = tmp_path / "chat.json"
+        term.send_line(f"/save {path}")  # longer than the line: readline scrolls its echo
+        term.expect(r"Saved 2 messages")
+        assert [m["content"] for m in saved(path)][::2] == ["first line\nsecond line"]
+        term.press(b"\x04")
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+
+
 def test_a_chat_at_a_terminal_writing_its_answers_to_a_file_prompts_on_the_terminal(
     smol_path, tmp_path
 ):
