@@ -364,7 +364,7 @@ class Repl:
         for name in SETTABLE:
             value = getattr(settings, name)
             print(f"{name}: {shown(name, value)}")
-        print(f"system: {self.conversation.system or '(none)'}")
+        print(f"system: {visible(self.conversation.system or '(none)')}")
         print(f"context: {self.conversation.context_used()}/{engine.n_ctx} tokens")
 
     def print_stats(self) -> None:
@@ -374,6 +374,16 @@ class Repl:
         out = stats.to_dict()
         out["n_ctx_used"] = self.conversation.context_used()
         print(json.dumps(out))
+
+
+# Control characters but tab and newline, shown as escapes: a system message /load took from a
+# file may hold terminal escape sequences, which /show printed raw (to recolour or clear the
+# screen, or worse).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160)) if c not in (9, 10)}
+
+
+def visible(text: str) -> str:
+    return text.translate(_CONTROLS)
 
 
 def shown(name: str, value: object) -> str:

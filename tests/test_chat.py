@@ -246,6 +246,16 @@ def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     assert [m["content"] for m in saved(saved_to)][::2] == ["Hi", "What is 2+2?"]
 
 
+def test_show_prints_a_loaded_system_messages_control_characters_as_escapes(smol_path, tmp_path):
+    """A saved conversation's system message may hold terminal escapes: /show printed them raw
+    (this one clears the screen)."""
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"system": "Be\x1b[2J terse.\tOK", "messages": []}))
+    done = piped_chat(smol_path, tmp_path, f"/load {path}\n/show\n")
+    assert done.returncode == 0, done.stderr
+    assert "system: Be\\x1b[2J terse.\tOK\n" in done.stdout and "\x1b" not in done.stdout
+
+
 def test_set_system_and_commands_typed_after_spaces(smol_path, tmp_path):
     """`   /show` was sent to the model as a message."""
     done = piped_chat(smol_path, tmp_path, "/set system Be brief.\n   /show\n/set system none\n")
