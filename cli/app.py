@@ -292,15 +292,15 @@ def note_threads_past_cpus(engine: Engine, settings: Settings) -> None:
     if engine.draft is not None:
         roles.append(("draft_threads", engine.draft_threads, placement.draft_cpus, "draft"))
     for name, threads, cpus, role in roles:
-        if threads > len(cpus):
+        n_cpus = len(cpus)
+        if threads > n_cpus:
             source = settings.source(name)
             given = f"--{name.replace('_', '-')} {threads}"
             given += "" if source in ("flag", "default") else f" (set by {source})"
+            cpus_said = f"{n_cpus} CPU" + ("s" if n_cpus > 1 else "")
             note(
-                f"{given} is more threads than the {len(cpus)} CPU{'s' * (len(cpus) > 1)} the "
-                f"{role} may use: they "
-                f"share cores and wait for each other at every step; {len(cpus)} is the most "
-                "that helps"
+                f"{given} is more threads than the {cpus_said} the {role} may use: they share "
+                f"cores and wait for each other at every step; {n_cpus} is the most that helps"
             )
 
 
