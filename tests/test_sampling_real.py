@@ -3,7 +3,7 @@
 The first two tokens of many seeded generations, through `generate`, are checked against the
 target's exact distribution (computed from its logits) by a chi-square test, for plain sampling and
 for chain and tree speculation with a genuinely different draft (the Q2_K requantization), and
-for n-gram proposals (point masses).
+for n-gram proposals (point masses); the first three for auto, whose third round speculates.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 import edgespec
+from edgespec.policy import Costs
 from edgespec.sampling import SamplingParams, probs_from_logits
 
 from .conftest import N_CTX
 from .helpers import fresh_logits, with_extra_tokens
+from .test_modes import price_passes_with_a_flat_curve
 from .test_sampling import chi_square_critical
 
 PROMPT = "My favourite food is"  # a spread-out first token: 15-24 cells to compare
@@ -84,6 +86,41 @@ def test_first_two_tokens_follow_the_target_distribution(q2_draft_engine, mode, 
     assert ok, f"first token: chi-square {stat:.1f} >= {crit:.1f}"
     ok, stat, crit = chi_square_passes(pairs, joint, N)
     assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
+# A text that repeats: the n-gram drafter proposes its continuation from the third round on.
+AUTO_PROMPT = "a b c d e f g a b c d e f g a b c d e f g a b c"
+
+
+def test_auto_keeps_the_target_distribution_through_its_speculative_rounds(
+    q2_draft_engine, monkeypatch
+):
+    """Auto picks each round's drafter by timings and by what earlier rounds taught it, never by
+    the round's own draws: the first three tokens follow the target's exact distribution. Its
+    first two rounds measure a plain step; with verifying nearly free (a flat curve) the third
+    verifies a proposal (of one token: a fourth is the last to generate) in most generations."""
+    engine = q2_draft_engine
+    price_passes_with_a_flat_curve(engine, monkeypatch)
+    # and kept flat: the passes auto times would correct it towards this CPU's dear one, on
+    # which these proposals do not pay (in one run 85 generations of 600 verified one)
+    monkeypatch.setattr(Costs, "record_pass", lambda costs, k, seconds: None)
+    setting = SETTINGS["temp 1"]  # 11 cells of three tokens hold 0.7 of the mass
+    params = SamplingParams(**setting)
+    prompt = engine.prompt_tokens(AUTO_PROMPT, chat_mode=False)
+    _, pairs = exact_joint(engine, prompt, params, min_count=5)
+    triples = {}
+    for (t1, t2), p12 in pairs.items():
+        p3 = probs_from_logits(fresh_logits(engine, [*prompt, t1, t2]), params)
+        for t3 in np.flatnonzero(p12 * p3 * N >= 5):
+            triples[(t1, t2, int(t3))] = p12 * float(p3[t3])
+    observed, speculative = Counter(), 0
+    for seed in range(N):
+        result = engine.generate(prompt, max_tokens=4, mode="auto", seed=seed, **setting)
+        observed[tuple(result.tokens[:3])] += 1
+        speculative += any(arm != "plain" for arm in result.stats.choices)
+    assert speculative > N / 2
+    ok, stat, crit = chi_square_passes(observed, triples, N)
+    assert ok, f"first three tokens: chi-square {stat:.1f} >= {crit:.1f} ({len(triples)} cells)"
 
 
 @pytest.fixture(scope="module")
