@@ -111,8 +111,7 @@ class Conversation:
         self.last_stats: Stats | None = None
         # A template that cannot render a first question fails now, not at every question; so
         # does a system message too long to leave room for one.
-        self.prompt_tokens([Message("user", "Hello")])
-        self._check_system_leaves_room()
+        self._check_first_question()
 
     # ----- asking ----------------------------------------------------------------------------
     def ask(self, text: str, **gen_options: object) -> Reply:
@@ -235,22 +234,23 @@ class Conversation:
         kept = self.system
         self.system = system
         try:
-            self._check_system_leaves_room()
+            self._check_first_question()
             self.prompt_tokens([*self.messages[self.in_context :], Message("user", "Hello")])
         except BaseException:
             self.system = kept
             raise
 
-    def _check_system_leaves_room(self) -> None:
-        """A system message the context cannot hold with a question was taken, and every
-        question after it was told that it was too long."""
-        if self.system is None:
-            return
+    def _check_first_question(self) -> None:
+        """Render a first question after the system message, once: a template that cannot
+        fails here (ChatTemplateError), and so does a system message the context cannot hold
+        with a question (it was taken, and every question after it was told it was too long)."""
         try:
             fits = len(self.prompt_tokens([Message("user", "Hello")])) < self.engine.n_ctx
         except ContextOverflowError:  # too long by its size alone
+            if self.system is None:
+                raise
             fits = False
-        if not fits:
+        if not fits and self.system is not None:
             raise ContextOverflowError(
                 f"the system message leaves no room for a question in the context "
                 f"({self.engine.n_ctx} tokens); use a larger --ctx-size or a shorter one"
@@ -283,7 +283,7 @@ class Conversation:
             # Rendered now, with a question after it, not at the next question: a template
             # that rejects it (a system message, say) fails here, and /show counts what the
             # context can hold.
-            self._check_system_leaves_room()
+            self._check_first_question()
             start = self._fitted([*messages, Message("user", "Hello")], 0, 0)[1]
         except BaseException:
             self.system = kept
