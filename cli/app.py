@@ -262,6 +262,7 @@ def load_engine(
         pipeline=pipeline,
         adapt_threads=adapt_threads,
         verbose=verbose,
+        say=note,
     )
     note_draft_trained_shorter(engine)
     note_threads_past_cpus(engine, settings)

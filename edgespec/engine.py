@@ -33,6 +33,7 @@ from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
 from .gguf_info import GGUFInfo, check_generates, check_pair, read_gguf
 from .governor import ThreadGovernor
+from .memory import free_memory, memory_need, shortage
 from .ngram import NgramDrafter, Proposal
 from .policy import (
     Arm,
@@ -1846,6 +1847,7 @@ def load(
     pipeline: bool | None = None,
     adapt_threads: bool = True,
     verbose: bool = False,
+    say: Callable[[str], None] = lambda _: None,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
 
@@ -1854,7 +1856,8 @@ def load(
 
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
-    `pipeline`, `adapt_threads`: see Engine.
+    `pipeline`, `adapt_threads`: see Engine. `say` is told, before anything loads, where the
+    models take more memory than this device has available (memory.shortage).
     """
     from .backend import set_verbose
 
@@ -1868,6 +1871,8 @@ def load(
     if n_ctx is None:
         n_ctx = min(DEFAULT_CTX, target_info.context_length or DEFAULT_CTX)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
+    if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory()):
+        say(short)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info)
     return Engine(
         target_model,

@@ -53,6 +53,7 @@ class GGUFInfo:
     causal: bool = True  # False: an encoder (BERT and kin), which embeds text but cannot write it
     # The first tensor stored in a type llama.cpp's CPU code cannot compute with, and the type.
     uncomputable: tuple[str, str] | None = None
+    kv_bytes_per_token: int = 0  # llama.cpp's KV cache (F16) per context token; 0: not said
 
     def summary(self) -> dict[str, object]:
         return {
@@ -258,6 +259,8 @@ def read_gguf(path: str | Path) -> GGUFInfo:
             token_ids = None
             if isinstance(ids, _Array) and ids.element_type == _U32_TYPE:
                 token_ids = np.frombuffer(buf[ids.start : ids.end], dtype="<u4").astype(np.int64)
+            arch = header.get("general.architecture", str) or "unknown"
+            kv_bytes = _kv_bytes_per_token(header, arch, buf)
 
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -278,7 +281,6 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                 f"the file has {size:,} (an interrupted download?)"
             )
 
-    arch = header.get("general.architecture", str) or "unknown"
     if problem := hparams_problem(header, arch):
         raise ModelFileError(f"{path} is damaged: {problem}")
     spans = {
@@ -319,7 +321,32 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         token_ids=token_ids if narrowed_from else None,
         causal=header.get(f"{arch}.attention.causal", bool) is not False and arch not in ENCODERS,
         uncomputable=uncomputable,
+        kv_bytes_per_token=kv_bytes,
     )
+
+
+def _kv_bytes_per_token(header: _Header, arch: str, buf: mmap.mmap) -> int:
+    """Bytes of KV cache a context token takes: each layer's key and value heads, in F16 (the
+    type edgespec's contexts keep them in). Key and value heads may be counted per layer (an
+    array); 0 where the metadata does not say enough."""
+    layers = header.get(f"{arch}.block_count", int)
+    heads = header.get(f"{arch}.attention.head_count", int)
+    n_embd = header.get(f"{arch}.embedding_length", int)
+    kv_heads = header.fields.get(f"{arch}.attention.head_count_kv", heads)
+    if not layers or not 1 <= layers <= MAX_LAYERS or not heads or not n_embd:
+        return 0
+    if isinstance(kv_heads, _Array):  # per layer (OpenELM and kin)
+        if kv_heads.element_type not in _SCALARS or kv_heads.count != layers:
+            return 0
+        fmt = f"<{kv_heads.count}{_SCALARS[kv_heads.element_type]}"
+        all_kv_heads = int(sum(struct.unpack_from(fmt, buf, kv_heads.start)))
+    elif isinstance(kv_heads, int):
+        all_kv_heads = kv_heads * layers
+    else:
+        return 0
+    key = header.get(f"{arch}.attention.key_length", int) or n_embd // heads
+    value = header.get(f"{arch}.attention.value_length", int) or n_embd // heads
+    return max(all_kv_heads * (key + value) * 2, 0)
 
 
 # llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS, and the rope scalings it knows: past them

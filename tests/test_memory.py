@@ -1,0 +1,114 @@
+"""Whether the models fit in memory: estimated from the files, checked against llama.cpp's own
+accounting and the memory a loaded engine really holds, and said before anything loads."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import edgespec.memory as memory
+from edgespec.backend import Context, Model, set_verbose
+from edgespec.gguf_info import read_gguf
+from edgespec.memory import ENGINE_OVERHEAD, FreeMemory, MemoryNeed, free_memory, memory_need
+
+from .test_cli import cli
+
+GIB = 2**30
+
+
+def meminfo(tmp_path: Path, available_mib: int, swap_free_mib: int = 0) -> Path:
+    path = tmp_path / "meminfo"
+    path.write_text(
+        "MemTotal:        3993668 kB\n"
+        "MemFree:          120000 kB\n"
+        f"MemAvailable:   {available_mib * 1024:>9} kB\n"
+        "Buffers:           20000 kB\n"
+        f"SwapTotal:      {swap_free_mib * 1024:>9} kB\n"
+        f"SwapFree:       {swap_free_mib * 1024:>9} kB\n"
+    )
+    return path
+
+
+def test_the_kv_cache_estimate_is_what_llama_cpp_allocates(smol_path, capsys):
+    set_verbose(True)
+    try:
+        ctx = Context(Model(smol_path), n_ctx=1024, n_threads=1, n_seq_max=16)
+        ctx.close()
+    finally:
+        set_verbose(False)
+    log = capsys.readouterr().err
+    said = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *1024 cells", log)
+    assert said is not None
+    need = memory_need(read_gguf(smol_path), None, 1024)
+    assert need.kv_cache == pytest.approx(float(said.group(1)) * 2**20, rel=1e-3)
+
+
+def test_the_estimate_covers_what_a_loaded_engine_holds_with_the_overhead_as_margin(smol_path):
+    # In a process of its own: the resident memory it grew by is the engine's alone.
+    script = f"""
+import edgespec
+def anon():
+    status = open("/proc/self/status").read().splitlines()
+    return next(int(l.split()[1]) * 1024 for l in status if l.startswith("RssAnon"))
+before = anon()
+engine = edgespec.load({str(smol_path)!r}, {str(smol_path)!r}, n_ctx=2048)
+engine.generate("Tell me about the sea.", max_tokens=16, mode="tree")
+print(anon() - before)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    grew = int(done.stdout.split()[-1])
+    info = read_gguf(smol_path)
+    need = memory_need(info, info, 2048)
+    assert need.weights + need.kv_cache <= grew <= need.total
+
+
+def test_a_context_smaller_than_llama_cpps_least_is_counted_at_that_least(smol_path):
+    info = read_gguf(smol_path)
+    assert memory_need(info, None, 64).kv_cache == memory_need(info, None, 256).kv_cache > 0
+
+
+def test_free_memory_is_read_from_meminfo_and_none_where_it_cannot_be(tmp_path):
+    free = free_memory(meminfo(tmp_path, available_mib=900, swap_free_mib=100))
+    assert free == FreeMemory(900 * 2**20, 100 * 2**20, 3993668 * 1024)
+    assert free_memory(tmp_path / "missing") is None
+    (tmp_path / "old").write_text("MemTotal: 1000 kB\nMemFree: 500 kB\n")  # before Linux 3.14
+    assert free_memory(tmp_path / "old") is None
+
+
+def test_models_that_fit_what_is_available_are_not_mentioned():
+    need = MemoryNeed(weights=GIB, kv_cache=0, n_ctx=2048)
+    assert memory.shortage(need, FreeMemory(need.total, 0, 4 * GIB)) is None
+    assert memory.shortage(need, None) is None  # not Linux: nothing to say
+    assert memory.shortage(need, FreeMemory(need.total - 1, 0, 4 * GIB)) is not None
+
+
+def test_a_shortage_says_swap_where_swap_holds_the_rest_and_out_of_memory_where_nothing_does():
+    need = MemoryNeed(weights=GIB, kv_cache=GIB // 4, n_ctx=8192)
+    short_of = need.total - GIB // 2
+    swapping = memory.shortage(need, FreeMemory(short_of, GIB, 4 * GIB))
+    assert swapping is not None and "the system will swap" in swapping
+    killed = memory.shortage(need, FreeMemory(short_of, GIB // 4, 4 * GIB))
+    assert killed is not None and "stop edgespec while they load (out of memory)" in killed
+    assert "weights 1.0, a 8,192-token context 0.2" in killed
+    assert f"the rest {ENGINE_OVERHEAD / GIB:.1f}" in killed
+
+
+def test_run_says_before_loading_that_the_models_do_not_fit_and_still_runs(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=100))
+    args = ["-m", str(smol_path), "--draft", str(smol_path), "-n", "4", "hi"]
+    code, out, err = cli(capsys, "run", *args)
+    assert code == 0 and out
+    lines = err.splitlines()
+    said = next(i for i, line in enumerate(lines) if "the models need about" in line)
+    assert "0.1 GiB of this device's 3.8 is available" in lines[said]
+    assert "out of memory" in lines[said] and "smaller --ctx-size" in lines[said]
+    monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=4000))
+    code, _, err = cli(capsys, "run", *args)
+    assert code == 0 and "the models need" not in err
