@@ -305,6 +305,56 @@ def note_threads_past_cpus(engine: Engine, settings: Settings) -> None:
             )
 
 
+# The tree's flags (GenerationConfig's fields), read by tree rounds only: --mode tree, or auto
+# with a draft.
+TREE_SETTINGS = (
+    "branch_p",
+    "max_branches",
+    "max_nodes",
+    "max_depth",
+    "alpha0",
+    "scheduler",
+    "adaptive_alpha",
+)
+SAMPLING_SETTINGS = ("top_k", "top_p", "min_p", "seed")
+
+
+def note_unused_flags(settings: Settings, options: dict[str, object]) -> None:
+    """Flags the mode or greedy decoding never reads changed nothing without a word, as in
+    llama.cpp (`--top-p 0.9` at the default --temp 0 decodes greedily all the same). Said, not
+    refused: the text is right either way, and a script may pass one set of flags to every mode."""
+    from edgespec.engine import GenerationConfig
+
+    mode = settings.mode or "auto"
+    defaults = GenerationConfig()
+    if not (mode == "tree" or (mode == "auto" and draft_named_or_default(settings))):
+        tree = [name for name in TREE_SETTINGS if options[name] != getattr(defaults, name)]
+        if tree:
+            where = "without a draft" if mode == "auto" else f"in --mode {mode}"
+            note(
+                f"{', '.join(flag_name(name, options[name]) for name in tree)} "
+                f"{'does' if len(tree) == 1 else 'do'} nothing {where} (the token tree's "
+                "flags: --mode tree, or auto with a draft)"
+            )
+    if mode not in ("chain", "ngram") and settings.source("draft_max") == "flag":
+        why = "; auto chooses each round's own" if mode == "auto" else ""
+        note(f"--draft-max does nothing in --mode {mode} (chain and ngram modes' length{why})")
+    if settings.temp == 0:
+        greedy = [name for name in SAMPLING_SETTINGS if settings.source(name) == "flag"]
+        if greedy:
+            flags = ", ".join(flag_name(name) for name in greedy)
+            note(
+                f"{flags} {'does' if len(greedy) == 1 else 'do'} nothing at --temp 0, which "
+                "decodes greedily (the most likely token each time); set --temp to sample"
+            )
+
+
+def flag_name(name: str, value: object = None) -> str:
+    if name == "adaptive_alpha":
+        return "--adaptive-alpha" if value else "--fixed-alpha"
+    return "--" + name.replace("_", "-")
+
+
 def check_pipeline_mode(pipeline: bool | None, mode: str | None) -> None:
     """--pipeline pipelines chains: asked for in a mode without them, it is a mistake."""
     if pipeline and mode not in (None, "chain", "auto"):
@@ -427,6 +477,7 @@ def run(
         # Bad values fail before any model is loaded or measured.
         GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
         check_pipeline_mode(pipeline, settings.mode)
+        note_unused_flags(settings, options)
         engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
     if settings.source("system") != "flag" and engine.target.info.chat_template is None:
         options["system"] = None  # as with --raw: the file's or environment's is for templates

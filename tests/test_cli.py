@@ -595,6 +595,30 @@ def test_more_threads_than_cpus_are_used_as_asked_with_a_note_that_they_only_wai
     assert code == 0 and "more threads" not in err
 
 
+def test_flags_the_mode_or_greedy_decoding_never_reads_are_named_and_the_run_goes_on(
+    capsys, smol_path
+):
+    smol = ["-m", str(smol_path), "-n", "2"]
+    draft = ["--draft", str(smol_path)]
+    code, out, err = cli(capsys, "run", *smol, *draft, "--mode", "chain", "--max-nodes", "8",
+                         "--fixed-alpha", "--draft-max", "3", "hi")  # fmt: skip
+    assert code == 0 and out
+    assert "--max-nodes, --fixed-alpha do nothing in --mode chain (the token tree's flags" in err
+    assert "--draft-max" not in err  # chains read it
+    code, _, err = cli(capsys, "run", *smol, "--mode", "target", "--draft-max", "4", "--top-p",
+                       "0.9", "--seed", "3", "hi")  # fmt: skip
+    assert code == 0
+    assert "--draft-max does nothing in --mode target" in err
+    assert "--top-p, --seed do nothing at --temp 0, which decodes greedily" in err
+    code, _, err = cli(capsys, "run", *smol, "--max-depth", "4", "--draft-max", "2", "hi")
+    assert "--max-depth does nothing without a draft" in err  # auto grows trees with one only
+    assert "--draft-max does nothing in --mode auto (chain and ngram modes' length; auto" in err
+    # Each where it is read: nothing said.
+    code, _, err = cli(capsys, "run", *smol, *draft, "--mode", "tree", "--max-depth", "4",
+                       "--temp", "0.7", "--top-p", "0.9", "--seed", "3", "hi")  # fmt: skip
+    assert code == 0 and "nothing" not in err
+
+
 def test_a_bench_of_a_model_mode_without_a_draft_names_the_mode(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,chain:4")
     one_line_error(code, err, "mode 'chain:4' needs a draft model (--draft)")
