@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -250,25 +251,56 @@ def load_engine(
         draft_path = resolve_draft(settings)
     elif settings.draft is not None:
         check_unused_draft(settings.draft, target_path)
-    engine = edgespec.load(
-        target_path,
-        draft_path,
-        # Not asked for: 2048, or less for a model trained for less (load's default).
-        n_ctx=settings.ctx_size if settings.source("ctx_size") != "default" else None,
-        threads=settings.threads,
-        draft_threads=settings.draft_threads,
-        target_cpus=settings.target_cpus,
-        draft_cpus=settings.draft_cpus,
-        pipeline=pipeline,
-        adapt_threads=adapt_threads,
-        verbose=verbose,
-        say=note,
-    )
+    with load_shown(not verbose) as progress:  # not between llama.cpp's lines
+        engine = edgespec.load(
+            target_path,
+            draft_path,
+            # Not asked for: 2048, or less for a model trained for less (load's default).
+            n_ctx=settings.ctx_size if settings.source("ctx_size") != "default" else None,
+            threads=settings.threads,
+            draft_threads=settings.draft_threads,
+            target_cpus=settings.target_cpus,
+            draft_cpus=settings.draft_cpus,
+            pipeline=pipeline,
+            adapt_threads=adapt_threads,
+            verbose=verbose,
+            say=note,
+            progress=progress,
+        )
     note_draft_trained_shorter(engine)
     note_threads_past_cpus(engine, settings)
     if profile:
         profile_if_needed(engine, settings)
     return engine
+
+
+SHOW_LOAD_AFTER_S = 1.0  # a load from this VM's disk takes ~1 s: nothing to watch
+
+
+@contextmanager
+def load_shown(wanted: bool = True) -> Iterator[Callable[[float], None] | None]:
+    """How much of the model files has loaded, as a percentage on stderr once the load has
+    taken a while (a Pi's SD card: ~30 s for the default pair, which a user took for a hang);
+    on a terminal only, the line erased when done."""
+    if not (wanted and err.is_terminal):
+        yield None
+        return
+    start, shown = time.monotonic(), -1
+
+    def show(fraction: float) -> None:
+        nonlocal shown
+        percent = int(fraction * 100)
+        if percent != shown and time.monotonic() - start >= SHOW_LOAD_AFTER_S:
+            shown = percent
+            err.file.write(f"\rloading the models {percent}%")
+            err.file.flush()
+
+    try:
+        yield show
+    finally:
+        if shown >= 0:
+            err.file.write("\r\x1b[K")
+            err.file.flush()
 
 
 def note_draft_trained_shorter(engine: Engine) -> None:

@@ -23,15 +23,35 @@ if "OMP_WAIT_POLICY" not in os.environ:
 TYPE_CHECKING = False  # not typing's: importing it costs the start time this module saves
 if TYPE_CHECKING:
     from .engine import Engine, GenerationConfig, Result, Stream, load
-    from .errors import EdgespecError
+    from .errors import (
+        BadSettingError,
+        ContextOverflowError,
+        EdgespecError,
+        IncompatibleModelsError,
+        ModelFileError,
+    )
     from .stats import Stats
 
-__all__ = ["EdgespecError", "Engine", "GenerationConfig", "Result", "Stats", "Stream", "load"]
+# The errors a caller may want apart (each an EdgespecError): a bad file, a pair that cannot
+# work together, a prompt too long for the context, a bad setting.
+__all__ = [
+    "BadSettingError",
+    "ContextOverflowError",
+    "EdgespecError",
+    "Engine",
+    "GenerationConfig",
+    "IncompatibleModelsError",
+    "ModelFileError",
+    "Result",
+    "Stats",
+    "Stream",
+    "load",
+]
 __version__ = "0.1.0"
 
 # Imported on first use: the engine brings in llama.cpp and numpy (half a second here), and the
 # command line must be able to start, and take a Ctrl+C, before that (edgespec.cli.main).
-_HOMES = {"EdgespecError": ".errors", "Stats": ".stats"}
+_HOMES = {name: ".errors" for name in __all__ if name.endswith("Error")} | {"Stats": ".stats"}
 
 
 def __getattr__(name: str) -> object:

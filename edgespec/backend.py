@@ -74,19 +74,25 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
 
 
 @contextmanager
-def _interrupt_after() -> Iterator[None]:
+def _interrupt_after(on_signal: Callable[[], object] = lambda: None) -> Iterator[None]:
     """Ctrl+C (and SIGTERM, where the CLI takes it as one) held until a long native call
-    returns, then handled. llama.cpp calls back into Python (its log) while it loads or
-    quantizes, and a KeyboardInterrupt raised inside a ctypes callback is printed as a
-    traceback and dropped: the load went on, and the run with it (exit 0 after a SIGTERM)."""
+    returns, then handled; `on_signal` is called as it comes (a load then stops at its next
+    tensor). llama.cpp calls back into Python (its log) while it loads or quantizes, and a
+    KeyboardInterrupt raised inside a ctypes callback is printed as a traceback and dropped:
+    the load went on, and the run with it (exit 0 after a SIGTERM)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only
         return
     pressed: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        pressed.append(signum)
+        on_signal()
+
     # Only signals Python handles: one ignored or left to the system stays so.
     held = {s: h for s in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(s))}
     for signum in held:
-        signal.signal(signum, lambda signum, frame: pressed.append(signum))
+        signal.signal(signum, hold)
     try:
         yield
     finally:
@@ -156,7 +162,14 @@ class Model:
         info: GGUFInfo | None = None,
         use_mmap: bool = False,
         vocab_only: bool = False,
+        *,
+        progress: Callable[[float], object] | None = None,
+        cancel: threading.Event | None = None,
     ):
+        """`progress` is told the fraction loaded as each tensor is read (from the loading
+        thread). The load stops at the next tensor once `cancel` is set, or at a Ctrl+C (held
+        until then: a Pi's SD card takes ~30 s for the 1.5B target) which sets it; a cancelled
+        load raises KeyboardInterrupt."""
         _init_backend()
         self._model = None  # close() may run on a half-made Model
         self._contexts = 0  # open contexts on it: llama.cpp frees each with the model's help
@@ -175,9 +188,19 @@ class Model:
         # which the OS may reclaim while we generate (seen here: decoding fell from 23 to 0.4
         # tokens/s as weights were re-read from disk every step). Anonymous memory stays.
         params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
+        cancel = cancel or threading.Event()
+
+        def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
+            if progress is not None:
+                progress(fraction)
+            return not cancel.is_set()  # False: llama.cpp stops loading
+
+        params.progress_callback = ll.llama_progress_callback(on_progress)  # alive: a local
         _native_log.clear()
-        with _interrupt_after():
+        with _interrupt_after(on_signal=cancel.set):
             self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model and cancel.is_set():  # on the main thread the signal's handler
+            raise KeyboardInterrupt  # has raised already
         if not self._model:
             reason = _native_log.reason("unknown reason")
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
@@ -516,11 +539,11 @@ class Context:
             status = self.pinned.call(ll.llama_decode, self._ctx, batch)
         elapsed = time.perf_counter() - t0
         self.decode_s += elapsed
+        if status != 0:  # before the governor: a failed decode's time says nothing of threads
+            raise RuntimeError(f"llama_decode failed with status {status}")
         n = batch.n_tokens
         if self.governor is not None and n <= GOVERNED_UP_TO:
             self.set_threads(self.governor.observe(elapsed, self._relative_costs[n]))
-        if status != 0:
-            raise RuntimeError(f"llama_decode failed with status {status}")
         if n_out == 0:
             return np.empty((0, self._columns), dtype=np.float32)
         if self._head is not None:

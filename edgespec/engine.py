@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +33,7 @@ from .cores import (
 )
 from .draft_head import MAX_EXTRA_TOKENS
 from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelFileError
+from .files import user_path
 from .gguf_info import GGUFInfo, check_generates, check_pair, read_gguf
 from .governor import ThreadGovernor
 from .memory import free_memory, memory_need, shortage
@@ -394,6 +397,7 @@ class Engine:
         self._draft_cache: list[int] = []
         # The last stream begun and its rounds, until another begins (see _begin).
         self._open: tuple[Stream, Generator[list[int], None, None]] | None = None
+        self._busy = threading.Lock()  # held while it computes: see _one_thread
         self._closed = False
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         # Its rows span the target's vocabulary, which verification compares them with: a pair's
@@ -452,9 +456,10 @@ class Engine:
         stream left open ends ("superseded")."""
         if self._closed:
             return
-        if self._open is not None:
-            self._end_open_stream()  # while the caches exist: its end settles them
-        self._closed = True
+        with self._one_thread():
+            if self._open is not None:
+                self._end_open_stream()  # while the caches exist: its end settles them
+            self._closed = True
         for ctx in (self.draft_ctx, self.target_ctx):
             if ctx is not None:
                 ctx.close()
@@ -590,7 +595,11 @@ class Engine:
     def prompt_tokens(
         self, prompt: str, *, chat_mode: bool | None = None, system: str | None = None
     ) -> list[int]:
+        """The target's tokens for a text prompt: in its chat template (with `system`), where
+        it has one and `chat_mode` is not False, else as plain text for completion."""
         self._check_open()
+        if not isinstance(prompt, str):
+            raise BadSettingError(f"a prompt to tokenize is text, not {type(prompt).__name__}")
         if not prompt.strip():
             raise BadSettingError("the prompt is empty")
         template = self.target.info.chat_template
@@ -673,6 +682,11 @@ class Engine:
         if isinstance(prompt, str):
             tokens = self.prompt_tokens(prompt, chat_mode=cfg.chat, system=cfg.system)
         else:
+            if cfg.chat or cfg.system is not None:  # both were ignored, without a word
+                raise BadSettingError(
+                    "chat and system apply to a text prompt; a prompt of token ids is used as "
+                    "it is (engine.chat_tokens renders messages with a chat template)"
+                )
             tokens = self._token_prompt(prompt)
         return Stream(self, tokens, cfg)
 
@@ -699,6 +713,8 @@ class Engine:
         return tokens
 
     def generate(self, prompt: str | Sequence[int], **config) -> Result:
+        """Generate to the end: `stream` without the pieces. `config`: GenerationConfig's
+        fields (max_tokens, mode, temperature, ...), which mirror `edgespec run`'s flags."""
         stream = self.stream(prompt, **config)
         for _ in stream:
             pass
@@ -711,10 +727,31 @@ class Engine:
         after this one had used them, it set them back to its own text (the next prompt then
         reused cells that held another)."""
         self._check_open()  # a stream made before the engine was closed
-        if self._open is not None:
-            self._end_open_stream()
-        self._open = (stream, self._rounds(stream.run))
-        return self._open[1]
+        with self._one_thread():
+            if self._open is not None:
+                self._end_open_stream()
+            self._open = (stream, self._rounds(stream.run))
+            return self._open[1]
+
+    @contextmanager
+    def _one_thread(self) -> Iterator[None]:
+        """Held while the engine computes (a round, a generation's start, catching the draft up,
+        closing): it is not thread-safe, and two threads generating at once failed with numpy's
+        and llama.cpp's errors ("generator already executing", "llama_decode failed"), where
+        two threads decoding on one context may also crash. Between rounds it is free, so the
+        thread iterating a stream may start another generation, which ends the first."""
+        self._acquire()
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _acquire(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise EdgespecError(
+                "this engine is generating in another thread; an engine runs one generation "
+                "at a time (load one for each thread)"
+            )
 
     def _end_open_stream(self) -> None:
         """End the last stream begun, "superseded", with its result (nothing, if it has ended)."""
@@ -915,8 +952,9 @@ class Engine:
         self._check_open()
         if self.draft_ctx is None:
             return 0
-        held = self._target_cache
-        return len(held) - self._reuse(self.draft_ctx, "_draft_cache", held)
+        with self._one_thread():
+            held = self._target_cache
+            return len(held) - self._reuse(self.draft_ctx, "_draft_cache", held)
 
     def forget_draft_cache(self) -> None:
         """Empty the draft's cache: the next generation catches it up as a new process would."""
@@ -1691,7 +1729,9 @@ class Engine:
 
 
 class Stream:
-    """An iterator of text pieces; after it is exhausted (or closed), `result` is set."""
+    """The text pieces of a generation, as the target accepts them, for one iteration (a `for`
+    loop); `result` is set when it ends, or when the loop is left early (finish_reason
+    "interrupted"; a second iteration then yields nothing)."""
 
     def __init__(self, engine: Engine, prompt_tokens: list[int], cfg: GenerationConfig):
         self.engine = engine
@@ -1712,15 +1752,26 @@ class Stream:
         self._detok, self._stops = Detokenizer(), StopMatcher(cfg.stop)
         self._reason = ""  # why generation ended, once it has
         self._consumer_s = 0.0  # time the caller held the pieces handed to it
+        self._iterating = False
 
     def __iter__(self) -> Iterator[str]:
         if self.result is not None:  # iterated before: it has ended, and says nothing more
             return
-        run, stops = self.run, self._stops
-        rounds = self.engine._begin(self)
+        if self._iterating:  # a second loop would run the same generation again, on its caches
+            raise EdgespecError("this stream is being iterated already; iterate it once")
+        self._iterating = True
+        run, stops, engine = self.run, self._stops, self.engine
+        rounds = engine._begin(self)
         ended = False  # not cut short by the caller (Ctrl+C, an iterator closed early)
         try:
-            for decided in rounds:
+            while True:
+                engine._acquire()  # each round (Engine._one_thread)
+                try:
+                    decided = next(rounds, None)
+                finally:
+                    engine._busy.release()
+                if decided is None:
+                    break
                 for token in decided:
                     if run.superseded:  # another generation began, or the engine was closed
                         break
@@ -1848,6 +1899,7 @@ def load(
     adapt_threads: bool = True,
     verbose: bool = False,
     say: Callable[[str], None] = lambda _: None,
+    progress: Callable[[float], object] | None = None,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
 
@@ -1857,11 +1909,15 @@ def load(
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
     `pipeline`, `adapt_threads`: see Engine. `say` is told, before anything loads, where the
-    models take more memory than this device has available (memory.shortage).
+    models take more memory than this device has available (memory.shortage); `progress`, the
+    fraction of the model files loaded as they load (from the loading threads). A Ctrl+C stops
+    the loads at their next tensor (KeyboardInterrupt).
     """
     from .backend import set_verbose
 
     set_verbose(verbose)
+    target = model_path(target, "the target")
+    draft = None if draft is None else model_path(draft, "the draft")
     check_threads(threads, draft_threads)  # bad values fail before any loading
     placement = plan_placement(target_cpus, draft_cpus)  # bad CPU lists too
     check_pipeline(pipeline, draft is not None, placement)
@@ -1873,7 +1929,7 @@ def load(
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
     if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory()):
         say(short)
-    target_model, draft_model = _load_models(target, target_info, draft, draft_info)
+    target_model, draft_model = _load_models(target, target_info, draft, draft_info, progress)
     return Engine(
         target_model,
         draft_model,
@@ -1884,6 +1940,13 @@ def load(
         pipeline=pipeline,
         adapt_threads=adapt_threads,
     )
+
+
+def model_path(value: object, what: str) -> Path:
+    """A model argument as a path, its `~` expanded (None or a number failed as a TypeError)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise BadSettingError(f"{what} is the path of a GGUF file, not {type(value).__name__}")
+    return user_path(value, f"{what}'s path")
 
 
 def check_models(target_info: GGUFInfo, draft_info: GGUFInfo | None) -> None:
@@ -1906,14 +1969,35 @@ def _load_models(
     target_info: GGUFInfo,
     draft: str | Path | None,
     draft_info: GGUFInfo | None,
+    progress: Callable[[float], object] | None = None,
 ) -> tuple[Model, Model | None]:
     """Both models, the draft loading on a thread of its own while the target loads: reading a
     file and repacking its weights keeps one core busy, so on two cores or more the draft's load
     (0.2-0.35 s here, a fifth of a one-shot `edgespec run`'s start) costs no time. A failure is
-    the target's if both fail, as when they loaded one after the other."""
+    the target's if both fail, as when they loaded one after the other; a Ctrl+C or a failure
+    stops both loads at their next tensor. `progress`: the fraction of both files loaded."""
+    infos = [target_info] if draft_info is None else [target_info, draft_info]
+    parts = [0.0] * len(infos)
+    total = sum(info.file_size for info in infos) or 1
+    lock = threading.Lock()
+
+    def part(i: int) -> Callable[[float], object] | None:
+        def loaded(fraction: float) -> None:
+            assert progress is not None
+            with lock:  # from both loading threads
+                parts[i] = fraction * infos[i].file_size
+                progress(sum(parts) / total)
+
+        return None if progress is None else loaded
+
+    cancel = threading.Event()
     if draft is None or draft_info is None:
-        return Model(target, target_info), None
+        return Model(target, target_info, progress=part(0), cancel=cancel), None
     with ThreadPoolExecutor(1, thread_name_prefix="edgespec-load") as pool:
-        draft_loading = pool.submit(Model, draft, draft_info)
-        target_model = Model(target, target_info)  # if it fails, the draft is freed when done
-        return target_model, draft_loading.result()
+        draft_loading = pool.submit(Model, draft, draft_info, progress=part(1), cancel=cancel)
+        try:
+            target_model = Model(target, target_info, progress=part(0), cancel=cancel)
+            return target_model, draft_loading.result()
+        except BaseException:  # the pool waits for the draft: its load stops at its next tensor
+            cancel.set()
+            raise

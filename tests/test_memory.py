@@ -15,6 +15,7 @@ from edgespec.backend import Context, Model, set_verbose
 from edgespec.gguf_info import read_gguf
 from edgespec.memory import ENGINE_OVERHEAD, FreeMemory, MemoryNeed, free_memory, memory_need
 
+from .helpers import hear_ctrl_c
 from .test_cli import cli
 
 GIB = 2**30
@@ -112,3 +113,57 @@ def test_run_says_before_loading_that_the_models_do_not_fit_and_still_runs(
     monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=4000))
     code, _, err = cli(capsys, "run", *args)
     assert code == 0 and "the models need" not in err
+
+
+def test_a_load_shows_its_progress_on_a_terminal_once_it_takes_a_while_and_erases_it(
+    capsys, smol_path, monkeypatch
+):
+    import io
+
+    from rich.console import Console
+
+    from edgespec.cli import app as cli_app
+
+    terminal = io.StringIO()
+    monkeypatch.setattr(cli_app, "err", Console(file=terminal, force_terminal=True))
+    monkeypatch.setattr(cli_app, "SHOW_LOAD_AFTER_S", 0.0)  # a load here is too quick to show
+    code, out, _ = cli(capsys, "run", "-m", str(smol_path), "--draft", str(smol_path), "-n", "2",
+                       "hi")  # fmt: skip
+    assert code == 0 and out
+    shown = terminal.getvalue()
+    loading, _, after = shown.partition("\r\x1b[K")  # erased when done, before anything else
+    percents = [int(p) for p in re.findall(r"\rloading the models (\d+)%", loading)]
+    assert percents == sorted(percents) and percents[-1] == 100 and len(percents) > 10
+    assert "loading" not in after and "tok/s" in after
+
+
+def test_ctrl_c_while_the_models_load_stops_both_loads_at_their_next_tensor(smol_path):
+    """llama.cpp loads a file in one call, and Ctrl+C waited for its end: ~30 s for the default
+    pair from a Pi's SD card. Here each tensor's progress is slowed to make a long load, and
+    a Ctrl+C comes a fifth of the way in: the load ends there, the draft's (on a thread of its
+    own, signals reach only the main one) too."""
+    script = f"""
+import os, signal, time
+import edgespec
+seen = []
+def slowly(fraction):
+    seen.append(fraction)
+    time.sleep(0.005)
+    if len(seen) == 40:
+        os.kill(os.getpid(), signal.SIGINT)
+        seen.append(time.monotonic())
+try:
+    edgespec.load({str(smol_path)!r}, {str(smol_path)!r}, n_ctx=512, progress=slowly)
+    print("loaded")
+except KeyboardInterrupt:
+    pressed = seen.pop(40)
+    print("interrupted", max(seen), len(seen), time.monotonic() - pressed)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=hear_ctrl_c
+    )
+    assert done.returncode == 0, done.stderr
+    said, fraction, calls, seconds = done.stdout.split()
+    assert said == "interrupted"
+    # Both files are the same size: the draft's load alone, had it gone on, is half the bytes.
+    assert float(fraction) < 0.5 and int(calls) < 60 and float(seconds) < 1.0

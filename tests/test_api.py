@@ -1,0 +1,105 @@
+"""The Python API as a library user meets it: one generation at a time per engine, said
+clearly where a second thread or a second loop would run into the first; the errors worth
+catching apart importable from `edgespec`; arguments the CLI would check, checked here too."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import edgespec
+from edgespec.errors import BadSettingError, EdgespecError
+
+PROMPT = "The three primary colours are"
+
+
+def test_the_errors_worth_telling_apart_come_from_edgespec_and_are_all_edgespec_errors():
+    for name in ("BadSettingError", "ContextOverflowError", "IncompatibleModelsError",
+                 "ModelFileError"):  # fmt: skip
+        assert issubclass(getattr(edgespec, name), edgespec.EdgespecError)
+        assert name in edgespec.__all__
+
+
+def test_a_stream_looped_over_twice_at_once_is_refused_and_the_first_loop_goes_on(plain_engine):
+    whole = plain_engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
+    stream = plain_engine.stream(PROMPT, max_tokens=12, mode="target", chat=False)
+    first_loop = iter(stream)
+    first = next(first_loop)
+    with pytest.raises(EdgespecError, match="this stream is being iterated already"):
+        list(iter(stream))  # ran the same generation again on its caches: ZeroDivisionError
+    assert first + "".join(first_loop) == whole == stream.result.text
+    assert list(stream) == []  # ended: nothing more
+
+
+def test_a_second_thread_generating_while_a_round_runs_is_told_the_engine_is_busy(plain_engine):
+    """Two threads on one engine failed with "generator already executing", ZeroDivisionError
+    or "llama_decode failed" (and two decodes on one context could crash). Here the second
+    comes while the first is inside a round: refused, and the first finishes as if alone."""
+    engine = plain_engine
+    whole = engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
+    inside, release = threading.Event(), threading.Event()
+    plain_step = engine._plain_step
+    steps = 0
+
+    def slow_plain_step(run):
+        nonlocal steps
+        steps += 1
+        if steps == 3:
+            inside.set()
+            release.wait(30)
+        return plain_step(run)
+
+    engine._plain_step = slow_plain_step
+    texts = []
+    try:
+        first = threading.Thread(target=lambda: texts.append(
+            engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
+        ))  # fmt: skip
+        first.start()
+        assert inside.wait(30)
+        with pytest.raises(EdgespecError, match="generating in another thread"):
+            engine.generate("Another question", max_tokens=4, mode="target")
+        with pytest.raises(EdgespecError, match="generating in another thread"):
+            engine.catch_up_draft() if engine.draft else engine.close()
+        release.set()
+        first.join(30)
+    finally:
+        release.set()
+        del engine._plain_step
+    assert texts == [whole]
+    assert engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text == whole
+
+
+@pytest.mark.parametrize("setting", [{"system": "Answer in French."}, {"chat": True}])
+def test_chat_settings_with_a_prompt_of_token_ids_are_refused_not_ignored(plain_engine, setting):
+    ids = plain_engine.prompt_tokens(PROMPT, chat_mode=False)
+    with pytest.raises(BadSettingError, match="chat and system apply to a text prompt"):
+        plain_engine.generate(ids, max_tokens=2, **setting)
+
+
+def test_only_text_is_tokenized_as_a_prompt(plain_engine):
+    with pytest.raises(BadSettingError, match="a prompt to tokenize is text, not int"):
+        plain_engine.prompt_tokens(5)
+
+
+@pytest.mark.parametrize(("target", "said"), [(None, "not NoneType"), (5, "not int"),
+                                              ("", "the target's path is empty")])  # fmt: skip
+def test_a_model_argument_that_is_no_path_is_a_bad_setting(target, said):
+    with pytest.raises(BadSettingError, match=said):
+        edgespec.load(target)
+
+
+def test_a_model_path_may_start_at_the_home_folder(smol_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "smol.gguf").symlink_to(smol_path)
+    with edgespec.load("~/smol.gguf", n_ctx=256) as engine:
+        assert engine.target.path == tmp_path / "smol.gguf"
+        assert engine.generate(PROMPT, max_tokens=2, chat=False).stats.n_generated == 2
+
+
+def test_a_failed_decode_is_said_as_such_not_as_a_thread_governors_division(plain_engine):
+    # An empty batch: llama.cpp refuses it. The governor judged the failed call's time first.
+    assert plain_engine.target_ctx.governor is not None
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        plain_engine.target_ctx.decode([], 0)
