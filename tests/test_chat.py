@@ -17,7 +17,7 @@ import pytest
 
 import edgespec
 from edgespec.conversation import Conversation, Message
-from edgespec.errors import ContextOverflowError, EdgespecError
+from edgespec.errors import BadSettingError, ContextOverflowError, EdgespecError
 
 from .helpers import hear_ctrl_c
 
@@ -561,6 +561,10 @@ def current_umask() -> int:
         ('{"messages": [{"role": "robot", "content": "beep"}]}', "role 'robot'"),
         ('{"messages": [{"role": "user", "content": 3}]}', "message 0"),
         ('{"system": 1, "messages": []}', '"system"'),
+        (
+            '{"messages": [{"role": "assistant", "content": "hi", "interrupted": "no"}]}',
+            'a boolean "interrupted"',
+        ),
     ],
 )
 def test_loading_a_bad_file_is_a_clear_error_and_keeps_the_conversation(
@@ -762,3 +766,144 @@ def test_a_system_message_that_leaves_no_room_for_a_question_is_refused_where_it
     assert conversation.system == "Be brief."
     with pytest.raises(ContextOverflowError, match=re.escape(refused)):  # --system
         Conversation(small_engine, system=too_long)
+
+
+# ----- bounds, and what save and load keep -----------------------------------------------------
+def words_filling(conversation: Conversation, size: int, before: list[Message]) -> str:
+    """A question after `before` whose prompt is exactly `size` tokens (" a" is one token)."""
+    base = len(conversation.prompt_tokens([*before, Message("user", "a")]))
+    text = "a" + " a" * (size - base)
+    assert len(conversation.prompt_tokens([*before, Message("user", text)])) == size
+    return text
+
+
+def test_a_message_of_only_spaces_is_refused_as_empty(small_engine):
+    conversation = Conversation(small_engine)
+    with pytest.raises(BadSettingError, match="the message is empty"):
+        conversation.ask(" \n\t ")
+    assert conversation.messages == []
+
+
+def test_a_question_whose_prompt_fills_the_context_is_refused_naming_the_flag(small_engine):
+    """At exactly the context's size no token is left for an answer: refused by the chat, in
+    the chat's words, not by the engine's check ("a larger n_ctx")."""
+    conversation = Conversation(small_engine)
+    question = words_filling(conversation, small_engine.n_ctx, [])
+    with pytest.raises(ContextOverflowError, match="use a larger --ctx-size or a shorter message"):
+        conversation.ask(question, max_tokens=8)
+    assert conversation.messages == []
+
+
+def test_a_prompt_and_the_room_for_its_answer_may_fill_the_context_exactly(small_engine):
+    """A turn that fits to the last token stays in the prompt."""
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(1, words=2)
+    question = words_filling(conversation, 150, conversation.messages)
+    reply = conversation.ask(question, mode="target", max_tokens=small_engine.n_ctx - 150)
+    reply.close()
+    assert reply.dropped == 0 and conversation.in_context == 0
+
+
+def test_a_max_tokens_beyond_the_context_leaves_half_the_context_for_the_answer(small_engine):
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(4, words=10)  # about 200 tokens
+    reply = conversation.ask("Hi", mode="target", max_tokens=10_000)
+    prompt = conversation.prompt_tokens(conversation.messages[conversation.in_context :])
+    reply.close()
+    assert reply.dropped >= 1
+    assert len(prompt) + small_engine.n_ctx // 2 <= small_engine.n_ctx
+
+
+def test_turns_left_out_of_one_prompt_do_not_come_back_in_a_later_one(small_engine):
+    """A smaller max_tokens later leaves room for more, but the prompt begins where the last
+    one did: the caches hold that start, and the model has already answered without them."""
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(4, words=10)
+    conversation.ask("Hi", mode="target", max_tokens=128).close()
+    left_out = conversation.in_context
+    assert left_out > 0
+    conversation.ask("Again", mode="target", max_tokens=4).close()
+    assert conversation.in_context >= left_out
+
+
+def test_a_system_message_may_leave_a_question_one_token_of_room_but_not_none(small_engine):
+    n_ctx = small_engine.n_ctx
+    probe = Conversation(small_engine, system="a")
+    base = len(probe.prompt_tokens([Message("user", "Hello")]))
+    Conversation(small_engine, system="a" + " a" * (n_ctx - 1 - base))  # n_ctx - 1 tokens: taken
+    with pytest.raises(ContextOverflowError, match="leaves no room for a question"):
+        Conversation(small_engine, system="a" + " a" * (n_ctx - base))
+
+
+def test_a_chat_template_too_long_for_any_context_is_an_error_at_the_start(small_engine):
+    """Not at every question after it."""
+    huge = "{{ 'x' * 100000 }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
+        Conversation(small_engine, template=huge)
+
+
+def test_the_context_used_ends_where_the_next_questions_turn_begins(small_engine):
+    """It counts the answer's turn and its end, not the start of an answer that the next
+    prompt does not hold (/show overcounted by the generation prompt)."""
+    conversation = Conversation(small_engine)
+    conversation.messages = [Message("user", "Hi"), Message("assistant", "Hello there.")]
+    following = conversation.prompt_tokens([*conversation.messages, Message("user", "Next")])
+    used = conversation.context_used()
+    assert small_engine.target.detokenize(following[used:]).startswith("user\nNext")
+
+
+def test_saving_over_a_private_file_keeps_it_private(small_engine, tmp_path):
+    """The temporary file is made with the umask's permissions (0o644 under 022): a chat
+    saved over a 0o600 file must not become readable by others."""
+    conversation = Conversation(small_engine)
+    conversation.messages = turns(1, words=1)
+    private = tmp_path / "private.json"
+    private.write_text("{}")
+    private.chmod(0o600)
+    conversation.save(private)
+    assert private.stat().st_mode & 0o777 == 0o600
+    assert len(json.loads(private.read_text())["messages"]) == 2
+
+
+def test_a_saved_conversation_keeps_its_characters_readable_and_its_interrupted_answers(
+    small_engine, tmp_path
+):
+    conversation = Conversation(small_engine, system="Réponds en français.")
+    conversation.messages = [
+        Message("user", "Un café ☕ ?"),
+        Message("assistant", "Bien sûr", interrupted=True),
+    ]
+    path = tmp_path / "chat.json"
+    conversation.save(path)
+    assert "Un café ☕ ?" in path.read_text("utf-8")  # not "caf\u00e9"
+    loaded = Conversation(small_engine)
+    loaded.load(path)
+    assert loaded.messages == conversation.messages and loaded.messages[-1].interrupted
+
+
+def test_loading_a_conversation_forgets_the_statistics_of_the_last_answer(small_engine, tmp_path):
+    """They were the answer's of the conversation replaced, not of the one loaded."""
+    conversation = Conversation(small_engine)
+    path = tmp_path / "chat.json"
+    conversation.save(path)
+    answer(conversation, "Hi", max_tokens=2)
+    assert conversation.last_stats is not None
+    conversation.load(path)
+    assert conversation.last_stats is None
+
+
+def test_a_system_message_the_template_refuses_only_with_the_history_is_refused_at_set(
+    small_engine,
+):
+    """Checked with the turns the next prompt holds, not only with a first question: taken,
+    it made every later question fail."""
+    template = (
+        "{% if messages[0].role == 'system' and messages | length > 2 %}"
+        "{{ raise_exception('a system message only begins a chat') }}{% endif %}"
+        "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    )
+    conversation = Conversation(small_engine, template=template)
+    conversation.messages = turns(1, words=1)
+    with pytest.raises(EdgespecError, match="a system message only begins a chat"):
+        conversation.set_system("Be brief.")
+    assert conversation.system is None

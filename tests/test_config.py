@@ -190,6 +190,9 @@ def test_a_bad_environment_value_is_reported_even_when_a_flag_overrides_it(monke
         ),
         ("seed = [1, 2]", "seed must be a whole number (got an array)"),
         ('mode = "fast"', 'mode must be one of target, chain, tree, ngram, auto (got "fast")'),
+        # A setting written as a table or an array of tables: its header is its line.
+        ("[ target ]", "target must be a string (got a table)"),
+        ("[[seed]]", "seed must be a whole number (got an array)"),
     ],
 )
 def test_a_bad_file_value_names_the_file_and_its_line(home, line, message):

@@ -15,7 +15,14 @@ import pytest
 from edgespec import catalogue
 from edgespec.config import config_dir
 from edgespec.errors import BadSettingError
-from edgespec.files import LEFTOVER_AGE_S, user_home, user_path, written_into_place
+from edgespec.files import (
+    LEFTOVER_AGE_S,
+    remove_leftovers,
+    temporaries_of,
+    user_home,
+    user_path,
+    written_into_place,
+)
 
 
 def test_the_file_appears_whole_once_the_block_ends(tmp_path):
@@ -105,12 +112,43 @@ def test_a_streams_name_is_refused_so_that_the_file_it_is_redirected_to_survives
         assert log.read_text() == "yesterday's results\n"
 
 
-@pytest.mark.parametrize("name", ["/dev/stderr", "/dev/fd/1", "/proc/self/fd/2", "/proc/1/fd/0"])
+def test_the_file_this_programs_errors_go_to_is_not_replaced_either(tmp_path):
+    """`--json run.log 2>> run.log`: stderr, not only stdout, may be the file named."""
+    log = tmp_path / "run.log"
+    log.write_text("yesterday's errors\n")
+    script = (
+        "import sys; from pathlib import Path; from edgespec.files import written_into_place\n"
+        "with written_into_place(Path(sys.argv[1])) as tmp: tmp.write_text('report')\n"
+    )
+    with log.open("a") as err:
+        done = subprocess.run([sys.executable, "-c", script, str(log)], stderr=err)
+    assert done.returncode != 0
+    assert log.read_text().startswith("yesterday's errors\n")
+    assert "is where this program's output goes" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/dev/stderr",
+        "/dev/fd/1",
+        "/proc/self/fd/2",
+        "/proc/1/fd/0",
+        "/proc/thread-self/fd/1",
+    ],
+)
 def test_every_name_of_an_open_file_is_a_stream(name):
     with (
         pytest.raises(BadSettingError, match="is a stream, not a file"),
         written_into_place(Path(name)),
     ):
+        pass
+
+
+def test_a_stream_named_relative_to_the_working_folder_is_a_stream(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name = Path(os.path.relpath("/dev/stdout"))  # ../../dev/stdout
+    with pytest.raises(BadSettingError, match="is a stream, not a file"), written_into_place(name):
         pass
 
 
@@ -153,3 +191,89 @@ def test_a_path_that_cannot_be_one_is_a_clear_error(text, message):
 def test_a_path_is_taken_with_its_tilde_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert user_path("~/chat.json", "the file") == tmp_path / "chat.json"
+
+
+def test_two_writers_of_one_file_never_write_into_one_temporary_file(tmp_path):
+    """Two processes making the same file on first use (scripts started together): each writes
+    its own temporary file, so neither's is overwritten by the other's or moved away under it."""
+    path = tmp_path / "draft.q4_0.gguf"
+    script = (
+        "import sys; from pathlib import Path; from edgespec.files import written_into_place\n"
+        "with written_into_place(Path(sys.argv[1])) as tmp:\n"
+        "    tmp.write_text('first')\n"
+        "    print('written', flush=True)\n"
+        "    sys.stdin.readline()\n"
+    )
+    first = subprocess.Popen([sys.executable, "-c", script, str(path)], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert first.stdout is not None and first.stdin is not None
+    assert first.stdout.readline() == "written\n"
+    with written_into_place(path) as tmp:  # the second, while the first is inside its block
+        tmp.write_text("second")
+    assert path.read_text() == "second"
+    first.stdin.write("\n")
+    first.stdin.close()
+    assert first.wait(timeout=60) == 0
+    assert path.read_text() == "first"  # the last to finish wins, whole
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_writer_killed_outright_leaves_nothing_even_where_the_name_holds_regex_characters(
+    tmp_path,
+):
+    """Only whole temporary names of this file count: "+" and "()" are literal characters, and
+    a user's backup that merely begins like a temporary file is no leftover."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    path = tmp_path / "c++ (q4).gguf"
+    left = tmp_path / f".{path.name}.{dead.pid}.tmp"
+    backup = tmp_path / f".{path.name}.{dead.pid}.tmp.bak"
+    for file in (left, backup):
+        aged(file.write_bytes(b"half a model") and file)
+    remove_leftovers(tmp_path, temporaries_of(path))
+    assert [p.name for p in tmp_path.iterdir()] == [backup.name]
+
+
+DOWNLOADS = r"\.download-(\d+)-.*"  # as the catalogue names its folders
+
+
+def test_a_left_folder_that_a_file_inside_was_written_to_lately_stays(tmp_path):
+    """A folder's time changes only when files come and go in it: a writer in another
+    container, whose process id means nothing here, still writing into its file, keeps it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = tmp_path / f".download-{dead.pid + 100_000}-x1y2"
+    folder.mkdir()
+    (folder / "llm-1.0-py3-none-any.whl").write_bytes(b"downloading")  # written just now
+    aged(folder)
+    remove_leftovers(tmp_path, DOWNLOADS)
+    assert (folder / "llm-1.0-py3-none-any.whl").read_bytes() == b"downloading"
+
+
+def test_a_left_link_to_a_folder_goes_and_the_folder_it_names_stays(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    elsewhere = tmp_path / "models"
+    elsewhere.mkdir()
+    (elsewhere / "model.gguf").write_bytes(b"GGUF")
+    link = tmp_path / f".download-{dead.pid}-x1y2"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    then = time.time() - LEFTOVER_AGE_S - 60
+    os.utime(link, (then, then), follow_symlinks=False)
+    remove_leftovers(tmp_path, DOWNLOADS)
+    assert not link.is_symlink() and (elsewhere / "model.gguf").read_bytes() == b"GGUF"
+
+
+def test_a_writer_of_another_user_counts_as_running(tmp_path, monkeypatch):
+    """Signalling another user's process is refused (EPERM): it is there, so its temporary
+    file, however old, is not removed."""
+
+    def not_permitted(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    path = tmp_path / "draft.q4_0.gguf"
+    theirs = tmp_path / f".{path.name}.{os.getpid() + 1}.tmp"
+    aged(theirs.write_bytes(b"a model in the making") and theirs)
+    monkeypatch.setattr(os, "kill", not_permitted)
+    remove_leftovers(tmp_path, temporaries_of(path))
+    assert theirs.exists()

@@ -261,6 +261,57 @@ def test_the_stop_matcher_holds_back_what_could_start_a_stop_string():
     assert stops.feed("D and more") == "" and stops.stopped
 
 
+def test_text_held_back_for_a_stop_string_that_never_comes_is_released_at_the_end(plain_engine):
+    """An answer ending (at max_tokens) in what could begin a stop string lost that tail."""
+    full = greedy(plain_engine, PROMPTS[1], "target", n=12)
+    stream = plain_engine.stream(
+        PROMPTS[1], max_tokens=12, mode="target", stop=[full.text[-3:] + "\u2603"]
+    )
+    pieces = list(stream)
+    assert stream.result.stats.finish_reason == "length"
+    assert "".join(pieces) == stream.result.text == full.text
+
+
+def test_a_byte_that_cannot_be_part_of_a_character_shows_as_a_replacement_character():
+    """Not silently dropped: a character cut short inside the answer is marked where it was."""
+    detok = Detokenizer()
+    assert detok.feed(b"ok \xe6\x97") == "ok "  # the first two bytes of a CJK character
+    assert detok.feed(b" and \xff then") == "\ufffd and \ufffd then"
+
+
+def test_a_character_dropped_at_the_end_does_not_garble_what_is_fed_after():
+    detok = Detokenizer()
+    detok.feed("🎉".encode()[:2])
+    assert detok.flush() == ""
+    assert detok.feed(b"ok") == "ok"
+
+
+def test_the_stop_string_found_first_in_the_text_ends_it_whichever_is_listed_first():
+    stops = StopMatcher(["END", "STOP"])
+    assert stops.feed("one ST") == "one "
+    assert stops.feed("OP two END") == "" and stops.stopped
+    assert stops.flush() == ""  # what was held back was the stop string's: it never comes out
+
+
+def test_a_stop_string_that_repeats_its_own_beginning_is_found_one_character_at_a_time():
+    """For "---" the tail "--" may begin it, not only "-": the longest such tail is held."""
+    stops = StopMatcher(["---"])
+    assert [stops.feed(c) for c in "a text---"] == [*"a text", "", "", ""] and stops.stopped
+
+
+def test_the_longest_tail_that_could_begin_any_stop_string_is_held_back():
+    stops = StopMatcher(["\nUser:", "User:"])  # the second matches less of "\nUs"
+    assert stops.feed("Hi\nUs") == "Hi"
+    assert stops.feed("er: more") == "" and stops.stopped
+
+
+def test_text_held_back_comes_out_once_when_the_text_ends():
+    stops = StopMatcher(["END"])
+    assert stops.feed("the E") == "the "
+    assert stops.flush() == "E"
+    assert stops.flush() == ""
+
+
 def test_bad_settings_are_rejected_with_a_clear_message(self_draft_engine, plain_engine):
     with pytest.raises(BadSettingError, match="--temp"):
         self_draft_engine.generate("hi", temperature=-1)
