@@ -242,19 +242,32 @@ class Conversation:
 
     def _check_first_question(self) -> None:
         """Render a first question after the system message, once: a template that cannot
-        fails here (ChatTemplateError), and so does a system message the context cannot hold
-        with a question (it was taken, and every question after it was told it was too long)."""
+        fails here (ChatTemplateError), and so does one whose own text, or a system message,
+        the context cannot hold with a question (each was taken, and every question after it
+        was told it was too long, blaming the question or the system message)."""
+        if self._leaves_room_for_a_question():
+            return
+        if self.system is not None:
+            kept, self.system = self.system, None
+            try:
+                template_fits = self._leaves_room_for_a_question()
+            finally:
+                self.system = kept
+            if template_fits:
+                raise ContextOverflowError(
+                    f"the system message leaves no room for a question in the context "
+                    f"({self.engine.n_ctx} tokens); use a larger --ctx-size or a shorter one"
+                )
+        raise ContextOverflowError(
+            f"the chat template's own text leaves no room for a question in the context "
+            f"({self.engine.n_ctx} tokens); use a larger --ctx-size or another template"
+        )
+
+    def _leaves_room_for_a_question(self) -> bool:
         try:
-            fits = len(self.prompt_tokens([Message("user", "Hello")])) < self.engine.n_ctx
+            return len(self.prompt_tokens([Message("user", "Hello")])) < self.engine.n_ctx
         except ContextOverflowError:  # too long by its size alone
-            if self.system is None:
-                raise
-            fits = False
-        if not fits and self.system is not None:
-            raise ContextOverflowError(
-                f"the system message leaves no room for a question in the context "
-                f"({self.engine.n_ctx} tokens); use a larger --ctx-size or a shorter one"
-            )
+            return False
 
     def load(self, path: str | Path) -> int:
         """Replace the conversation (system message included) with the one saved in `path`, and

@@ -835,11 +835,16 @@ def test_a_system_message_may_leave_a_question_one_token_of_room_but_not_none(sm
         Conversation(small_engine, system="a" + " a" * (n_ctx - base))
 
 
-def test_a_chat_template_too_long_for_any_context_is_an_error_at_the_start(small_engine):
-    """Not at every question after it."""
-    huge = "{{ 'x' * 100000 }}{% for m in messages %}{{ m.content }}{% endfor %}"
-    with pytest.raises(ContextOverflowError, match="the prompt has at least"):
-        Conversation(small_engine, template=huge)
+@pytest.mark.parametrize("fixed_text", ["'x' * 100000", "'word ' * 300"])
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_a_chat_template_too_long_for_the_context_is_an_error_at_the_start_naming_it(
+    small_engine, fixed_text, system
+):
+    """Not at every question after it, blaming the question, nor at the start blaming a
+    three-token system message. Too long by its characters, or only once tokenized."""
+    huge = f"{{{{ {fixed_text} }}}}{{% for m in messages %}}{{{{ m.content }}}}{{% endfor %}}"
+    with pytest.raises(ContextOverflowError, match="the chat template's own text leaves no room"):
+        Conversation(small_engine, system, template=huge)
 
 
 def test_the_context_used_ends_where_the_next_questions_turn_begins(small_engine):
