@@ -13,6 +13,8 @@ from pathlib import Path
 from .gguf_info import GGUFInfo
 
 MEMINFO = Path("/proc/meminfo")
+SELF_CGROUP = Path("/proc/self/cgroup")  # which control groups this process is in
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 GIB = 2**30
 # What an engine takes besides the weights and KV caches: Python and numpy, llama.cpp's compute
 # buffers and logits, the sampling rows. Measured as resident memory after a generation (the
@@ -36,11 +38,13 @@ class MemoryNeed:
 
 @dataclass(frozen=True)
 class FreeMemory:
-    """/proc/meminfo's MemAvailable (what can be had without swapping), its swap, its total."""
+    """What can be had without swapping (/proc/meminfo's MemAvailable, or what a container's
+    memory limit leaves, if less), the swap free, and the memory in all (device or container)."""
 
     available: int
     swap_free: int
     total: int
+    where: str = "this device's"
 
 
 def memory_need(target: GGUFInfo, draft: GGUFInfo | None, n_ctx: int) -> MemoryNeed:
@@ -54,8 +58,9 @@ def memory_need(target: GGUFInfo, draft: GGUFInfo | None, n_ctx: int) -> MemoryN
     )
 
 
-def free_memory(meminfo: Path | None = None) -> FreeMemory | None:
-    """This device's free memory, or None where /proc/meminfo cannot be read (not Linux)."""
+def free_memory(meminfo: Path | None = None, cgroup_root: Path | None = None) -> FreeMemory | None:
+    """This device's free memory, or its container's where a memory limit leaves less; None
+    where /proc/meminfo cannot be read (not Linux)."""
     values: dict[str, int] = {}
     try:
         with (meminfo or MEMINFO).open() as f:
@@ -68,7 +73,45 @@ def free_memory(meminfo: Path | None = None) -> FreeMemory | None:
         return None
     if "MemAvailable" not in values or "MemTotal" not in values:  # kernels before 3.14
         return None
-    return FreeMemory(values["MemAvailable"], values.get("SwapFree", 0), values["MemTotal"])
+    device = FreeMemory(values["MemAvailable"], values.get("SwapFree", 0), values["MemTotal"])
+    limited = container_memory(cgroup_root or CGROUP_ROOT)
+    if limited is None or limited.available >= device.available:
+        return device
+    return limited
+
+
+def container_memory(root: Path, self_cgroup: Path | None = None) -> FreeMemory | None:
+    """What this process's memory control group (a container's, a systemd slice's) still
+    allows, where it has a limit: /proc/meminfo shows the whole machine, and past the limit the
+    kernel ends a process inside the group whatever the machine has free. Its file cache that
+    can be dropped counts as free, as MemAvailable counts it (cAdvisor's working set)."""
+    try:
+        lines = (self_cgroup or SELF_CGROUP).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2: one hierarchy
+            folder, names = root / group.lstrip("/"), ("memory.max", "memory.current")
+            cache_key = "inactive_file"
+        elif "memory" in controllers.split(","):  # v1
+            folder = root / "memory" / group.lstrip("/")
+            names, cache_key = (
+                ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+                "total_inactive_file",
+            )
+        else:
+            continue
+        try:
+            limit_text, usage_text = ((folder / name).read_text().strip() for name in names)
+            stat = dict(row.split() for row in (folder / "memory.stat").read_text().splitlines())
+            limit, usage, cache = int(limit_text), int(usage_text), int(stat.get(cache_key, 0))
+        except (OSError, ValueError):  # "max" (no limit), or not mounted here
+            continue
+        if limit >= 2**60:  # v1's "no limit": the largest page-aligned number
+            continue
+        return FreeMemory(max(limit - usage + cache, 0), 0, limit, "this container's")
+    return None
 
 
 def shortage(need: MemoryNeed, free: FreeMemory | None) -> str | None:
@@ -79,8 +122,8 @@ def shortage(need: MemoryNeed, free: FreeMemory | None) -> str | None:
     needs = (
         f"the models need about {need.total / GIB:.1f} GiB of memory (weights "
         f"{need.weights / GIB:.1f}, a {need.n_ctx:,}-token context {need.kv_cache / GIB:.1f}, "
-        f"the rest {ENGINE_OVERHEAD / GIB:.1f}) and {free.available / GIB:.1f} GiB of this "
-        f"device's {free.total / GIB:.1f} is available"
+        f"the rest {ENGINE_OVERHEAD / GIB:.1f}) and {free.available / GIB:.1f} GiB of "
+        f"{free.where} {free.total / GIB:.1f} is available"
     )
     if need.total > free.available + free.swap_free:
         outcome = "the system will likely stop edgespec while they load (out of memory)"

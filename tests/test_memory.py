@@ -81,6 +81,68 @@ def test_free_memory_is_read_from_meminfo_and_none_where_it_cannot_be(tmp_path):
     assert free_memory(tmp_path / "old") is None
 
 
+def cgroup(tmp_path: Path, line: str, folder: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A fake /proc/self/cgroup holding `line`, and a cgroup tree with `files` in `folder`."""
+    (tmp_path / "self_cgroup").write_text(f"{line}\n")
+    (tmp_path / folder).mkdir(parents=True)
+    for name, text in files.items():
+        (tmp_path / folder / name).write_text(text)
+    return tmp_path, tmp_path / "self_cgroup"
+
+
+MIB = 2**20
+
+
+def test_a_containers_memory_limit_counts_what_it_leaves_with_its_droppable_cache_free(tmp_path):
+    root, self_cgroup = cgroup(tmp_path, "0::/docker/abc", "docker/abc", {
+        "memory.max": f"{2048 * MIB}\n", "memory.current": f"{1500 * MIB}\n",
+        "memory.stat": f"anon {1000 * MIB}\ninactive_file {300 * MIB}\n",
+    })  # fmt: skip
+    limited = memory.container_memory(root, self_cgroup)
+    assert limited == FreeMemory(848 * MIB, 0, 2048 * MIB, "this container's")
+
+
+def test_a_v1_memory_controller_is_read_too_and_no_limit_is_none(tmp_path):
+    line = "4:memory:/process_api/x"
+    root, self_cgroup = cgroup(tmp_path, line, "memory/process_api/x", {
+        "memory.limit_in_bytes": f"{1024 * MIB}", "memory.usage_in_bytes": f"{1000 * MIB}",
+        "memory.stat": f"cache 9\ntotal_inactive_file {100 * MIB}\n",
+    })  # fmt: skip
+    assert memory.container_memory(root, self_cgroup) == FreeMemory(
+        124 * MIB, 0, 1024 * MIB, "this container's"
+    )
+    (root / "memory/process_api/x/memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    assert memory.container_memory(root, self_cgroup) is None  # v1's "no limit"
+
+
+def test_a_cgroup_without_a_memory_limit_or_files_leaves_the_devices_figures(tmp_path):
+    root, self_cgroup = cgroup(tmp_path, "0::/user.slice", "user.slice", {
+        "memory.max": "max\n", "memory.current": "123\n", "memory.stat": "anon 1\n",
+    })  # fmt: skip
+    assert memory.container_memory(root, self_cgroup) is None
+    assert memory.container_memory(root, tmp_path / "missing") is None
+
+
+def test_the_smaller_of_the_devices_and_the_containers_room_is_what_is_available(
+    tmp_path, monkeypatch
+):
+    root, self_cgroup = cgroup(tmp_path, "0::/c", "c", {
+        "memory.max": f"{512 * MIB}", "memory.current": f"{12 * MIB}", "memory.stat": "",
+    })  # fmt: skip
+    monkeypatch.setattr(memory, "SELF_CGROUP", self_cgroup)
+    device = meminfo(tmp_path, available_mib=900)
+    assert free_memory(device, root) == FreeMemory(500 * MIB, 0, 512 * MIB, "this container's")
+    roomy = (
+        meminfo(tmp_path / "roomy", available_mib=400)
+        if (tmp_path / "roomy").mkdir() is None
+        else None
+    )
+    assert free_memory(roomy, root).where == "this device's"
+    need = MemoryNeed(weights=GIB, kv_cache=0, n_ctx=2048)
+    said = memory.shortage(need, free_memory(device, root))
+    assert said is not None and "0.5 GiB of this container's 0.5 is available" in said
+
+
 def test_models_that_fit_what_is_available_are_not_mentioned():
     need = MemoryNeed(weights=GIB, kv_cache=0, n_ctx=2048)
     assert memory.shortage(need, FreeMemory(need.total, 0, 4 * GIB)) is None
