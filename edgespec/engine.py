@@ -397,7 +397,9 @@ class Engine:
         self._draft_cache: list[int] = []
         # The last stream begun and its rounds, until another begins (see _begin).
         self._open: tuple[Stream, Generator[list[int], None, None]] | None = None
-        self._busy = threading.Lock()  # held while it computes: see _one_thread
+        # Held while it computes (see _one_thread); re-entrant: a stream collected inside a
+        # round ends there, on the thread that holds it.
+        self._busy = threading.RLock()
         self._closed = False
         # Reused for every draft distribution: no per-token allocation of a vocabulary-sized array.
         # Its rows span the target's vocabulary, which verification compares them with: a pair's
@@ -1792,7 +1794,8 @@ class Stream:
                     yield tail
             ended = True
         finally:
-            rounds.close()
+            with engine._busy:  # its end settles the caches: after another thread's round
+                rounds.close()
             self._finish(ended)
 
     def _finish(self, ended: bool) -> None:
