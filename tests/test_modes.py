@@ -784,8 +784,10 @@ def test_a_remembered_draft_cost_that_shuts_the_gate_is_timed_again_once_per_eng
     first = engine.generate(prompt, max_tokens=12, mode="chain")
     engine.generate([*prompt, *first.tokens], max_tokens=12, mode="auto")  # goes on
     assert len(timings) == 1 and timings[0] is not None and timings[0] > 0
-    # the two models are alike in size: a draft step costs about a target step, not 50
-    assert 0.1 < engine._memory.draft_cost < 5
+    # the two models are alike in size: a draft step costs about a target step, not 50 (a
+    # step timed while other programs take the cores may be far below: 0.03 once, in a CI run
+    # beside another test run)
+    assert 0 < engine._memory.draft_cost < 5
     assert load_auto_memory(*key).draft_cost == engine._memory.draft_cost
     # the draft's cache holds the text it is said to hold: its next row is a fresh context's
     held = engine._draft_cache
