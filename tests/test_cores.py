@@ -13,9 +13,11 @@ import pytest
 from edgespec.cores import (
     CoreLayout,
     PinnedThread,
+    cpu_model,
     default_placement,
     detect_cores,
     format_cpu_list,
+    needs_pinning,
     parse_cpu_list,
     pin_current_thread,
     plan_placement,
@@ -102,6 +104,34 @@ def test_board_known_only_by_cpu_part(tmp_path):
     assert layout == CoreLayout([4, 5, 6, 7], [0, 1, 2, 3], uniform=False, source="cpu part")
 
 
+def test_a_prime_core_is_told_from_big_ones_by_cpu_part(tmp_path):
+    # A process allowed onto an A78 trio and an X1 only: the X1 is the faster tier.
+    cpuinfo = fake_cpuinfo(tmp_path, ["0xd41"] * 3 + ["0xd44"])
+    layout = detect_cores(fake_sysfs(tmp_path, 4), cpuinfo, allowed={0, 1, 2, 3})
+    assert (layout.big, layout.little, layout.source) == ([3], [0, 1, 2], "cpu part")
+
+
+def test_odd_lines_in_cpuinfo_are_skipped_not_fatal(tmp_path):
+    """A kernel's or emulator's cpuinfo need not follow the usual form: a line that is not a
+    processor number or a hexadecimal part is passed over, and the other cores still count."""
+    cpuinfo = tmp_path / "cpuinfo"
+    parts = ["0xd05", "0xd05", "0xd0b", "0xd0b", "n/a"]
+    blocks = [f"processor\t: {cpu}\nCPU part\t: {part}\n" for cpu, part in enumerate(parts)]
+    cpuinfo.write_text("".join(blocks) + "processor\t: unknown\n")
+    layout = detect_cores(fake_sysfs(tmp_path, 4), cpuinfo, allowed={0, 1, 2, 3})
+    assert (layout.big, layout.little) == ([2, 3], [0, 1])
+
+
+def test_the_online_list_counts_where_per_cpu_switches_cannot_be_read(tmp_path):
+    """Android may forbid reading cpuN/online: the kernel's own list of online CPUs still
+    keeps the offline ones out."""
+    sysfs = fake_sysfs(tmp_path, 8, [380] * 4 + [1024] * 4, offline=(3, 7))
+    for cpu in range(1, 8):
+        (sysfs / f"cpu{cpu}" / "online").unlink()
+    layout = detect_cores(sysfs, NO_CPUINFO, allowed=EIGHT)
+    assert (layout.big, layout.little) == ([4, 5, 6], [0, 1, 2])
+
+
 def test_unknown_cpu_parts_are_not_guessed(tmp_path):
     cpuinfo = fake_cpuinfo(tmp_path, ["0xd05", "0xd05", "0xabc", "0xabc"])
     layout = detect_cores(fake_sysfs(tmp_path, 4), cpuinfo, allowed={0, 1, 2, 3})
@@ -161,6 +191,12 @@ def test_a_cpu_list_past_any_kernels_cpus_is_refused_before_it_is_expanded(text)
         parse_cpu_list(text, available={0, 1, 2, 3})
 
 
+def test_a_cpu_number_too_long_for_python_to_read_is_refused_all_the_same():
+    """int() refuses strings of more than 4,300 digits: the length is checked first."""
+    with pytest.raises(BadSettingError, match="CPUs past 8191 are not available here"):
+        parse_cpu_list("1" * 5000, available={0, 1, 2, 3})
+
+
 def test_parse_cpu_list_defaults_to_this_process_affinity():
     usable = sorted(os.sched_getaffinity(0))
     assert parse_cpu_list(format_cpu_list(usable)) == usable
@@ -217,11 +253,32 @@ def test_placement_on_uniform_cores_shares_all_of_them_and_says_so():
     assert "uniform" in placement.note
 
 
+def test_an_empty_cpu_flag_leaves_that_models_detected_cpus():
+    placement = plan_placement("", "", layout=PHONE, available=EIGHT)
+    assert (placement.target_cpus, placement.draft_cpus) == ([4, 5, 6, 7], [0, 1, 2, 3])
+
+
 def test_placement_rejects_cpus_that_are_not_usable():
-    with pytest.raises(BadSettingError, match="not available"):
+    # The error names the flag whose value is wrong.
+    with pytest.raises(BadSettingError, match=r"^--draft-cpus: CPUs 8 are not available"):
         plan_placement("0-3", "8", layout=PHONE, available=EIGHT)
+    with pytest.raises(BadSettingError, match=r"^--target-cpus: CPUs 8 are not available"):
+        plan_placement("8", "0-3", layout=PHONE, available=EIGHT)
     with pytest.raises(BadSettingError, match="bad CPU list"):
         plan_placement(draft_cpus="3-1", layout=PHONE, available=EIGHT)
+
+
+def test_a_model_on_every_usable_cpu_runs_unpinned():
+    """Pinning to what the process may use anyway would only add a hand-off to every decode."""
+    usable = sorted(os.sched_getaffinity(0))
+    assert not needs_pinning(usable)
+    assert needs_pinning(usable[:1]) == (len(usable) > 1)
+
+
+def test_the_cpu_name_skips_empty_fields(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: \nHardware\t: Qualcomm Technologies\n")
+    assert cpu_model(cpuinfo) == "Qualcomm Technologies"
 
 
 def test_a_pinned_thread_runs_calls_on_its_cpus_and_passes_errors_back():

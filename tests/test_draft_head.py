@@ -83,6 +83,37 @@ def test_the_copy_keeps_the_special_and_the_most_frequent_tokens(narrowed, smol_
     assert not set(rare) <= kept
 
 
+def test_the_copys_vocabulary_fields_all_speak_of_the_kept_tokens(narrowed, smol_q4_0):
+    """Per-token fields narrowed alike, special ids renumbered, merges only of kept tokens."""
+    from gguf import GGUFReader
+
+    info, full = read_gguf(narrowed), read_gguf(smol_q4_0)
+    fields = GGUFReader(narrowed).fields
+    assert len(fields["tokenizer.ggml.token_type"].contents()) == KEEP
+    assert (info.token_ids[info.bos], info.token_ids[info.eos]) == (full.bos, full.eos)
+    texts = set(fields["tokenizer.ggml.tokens"].contents())
+    for merge in fields["tokenizer.ggml.merges"].contents():
+        assert set(merge.split(" ", 1)) <= texts and merge.replace(" ", "", 1) in texts, merge
+
+
+def test_special_token_ids_are_renumbered_into_the_narrowed_vocabulary(tmp_path):
+    """SmolLM2's special tokens are its first ids, which narrowing leaves in place; Qwen's lie
+    past 151,000. One not kept is left out (llama.cpp then uses its default)."""
+    from .helpers import write_tiny_gguf
+
+    src = write_tiny_gguf(tmp_path / "tiny.gguf", n_vocab=10)  # BOS 1, EOS 2
+    draft_head.write_narrowed(src, tmp_path / "narrow.gguf", np.array([0, 2, 4]))
+    info = read_gguf(tmp_path / "narrow.gguf")
+    assert (info.bos, info.eos, info.token_ids.tolist()) == (None, 1, [0, 2, 4])
+
+
+def test_a_corpus_with_few_tokens_is_made_up_with_the_lowest_ids(tmp_path):
+    text = tmp_path / "corpus.py"
+    text.write_text("x")
+    kept = draft_head.frequent_tokens(lambda _: [90, 90, 50], 100, [7], n_keep=5, corpus=[text])
+    assert kept.tolist() == [0, 1, 7, 50, 90]
+
+
 def test_kept_tokens_score_exactly_as_in_the_full_draft_and_others_nearly(narrowed, smol_q4_0):
     full = Context(Model(smol_q4_0), n_ctx=256, n_threads=2)
     small = Context(Model(narrowed), n_ctx=256, n_threads=2)
@@ -170,6 +201,29 @@ def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
     assert head.id_array.tolist() == head.ids
     head.feed(outside[:1], buffer)  # forgotten, so scored again
     assert head.ids[head.n_kept :] == [*outside[2:4], outside[0]]
+
+
+def test_tokens_outside_the_kept_set_become_extras_once_however_they_are_fed(narrowed, monkeypatch):
+    monkeypatch.setattr(draft_head, "MAX_EXTRA_TOKENS", 3)
+    head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
+    kept = set(head.ids)
+    outside = [t for t in range(1000, 49152) if t not in kept][:6]
+    buffer = np.empty((6, head.n_embd), dtype=np.float32)
+
+    head.feed([outside[0], outside[0]], buffer)  # twice in one batch: one extra
+    assert head.ids[head.n_kept :] == outside[:1]
+    head.feed_one(outside[1], buffer.ctypes.data)  # a draft step's token
+    assert head.ids[head.n_kept :] == outside[:2]
+    head.feed(outside[2:6], buffer)  # more than there is room for: the text's latest are kept
+    assert head.ids[head.n_kept :] == outside[3:6]
+
+
+def test_kept_tokens_past_a_smaller_targets_vocabulary_are_never_proposed(narrowed):
+    head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
+    last = head.ids[head.n_kept - 1]
+    head.propose_below(last)  # the target's vocabulary ends just before the last kept token
+    logits = head.logits(np.zeros(head.n_kept, dtype=np.float32), np.zeros(head.n_embd))
+    assert logits[head.n_kept - 1] == -np.inf and np.isfinite(logits[: head.n_kept - 1]).all()
 
 
 def other_threads_cpu_s() -> float:

@@ -13,7 +13,7 @@ import pytest
 
 import edgespec
 from edgespec.errors import ModelFileError
-from edgespec.gguf_info import check_generates, read_gguf
+from edgespec.gguf_info import check_generates, pairing_problem, read_gguf, token_texts
 
 from .helpers import write_tiny_gguf
 
@@ -130,6 +130,8 @@ DAMAGED_HPARAMS = [
     (dict(attention__layer_norm_rms_epsilon=-1.0), "layer_norm_rms_epsilon is -1.0"),
     (dict(attention__layer_norm_rms_epsilon=math.nan), "layer_norm_rms_epsilon is nan"),
     (dict(attention__layer_norm_rms_epsilon=math.inf), "layer_norm_rms_epsilon is inf"),
+    (dict(attention__layer_norm_rms_epsilon=1.0), "layer_norm_rms_epsilon is 1.0"),
+    (dict(attention__layer_norm_epsilon=-1.0), "llama.attention.layer_norm_epsilon is -1.0"),
     (dict(rope__freq_base=0.0), "llama.rope.freq_base is 0.0"),
     (dict(rope__freq_base=math.nan), "llama.rope.freq_base is nan"),
     (dict(rope__scaling__factor=-1.0), "llama.rope.scaling.factor is -1.0"),
@@ -150,7 +152,7 @@ def test_hyperparameters_that_would_abort_llama_cpp_are_refused_by_key(tmp_path,
 def test_the_hyperparameters_of_working_models_pass(tmp_path):
     fine = dict(
         block_count=512, attention__layer_norm_rms_epsilon=0.0, rope__freq_base=1e6,
-        rope__scaling__factor=0.0, rope__scaling__type="yarn", expert_count=8,
+        rope__scaling__factor=0.0, rope__scaling__type="yarn", expert_count=1024,
         expert_used_count=2, context_length=2**31 - 1,
     )  # fmt: skip
     read_gguf(tiny_llama_with(tmp_path / "fine.gguf", **fine))
@@ -209,3 +211,199 @@ def test_an_embedding_model_is_refused_by_name_before_it_loads(tmp_path):
     with pytest.raises(ModelFileError, match="embedding model"):  # as target, before loading
         edgespec.load(path)
     check_generates(read_gguf(write_tiny_gguf(tmp_path / "causal.gguf", 4)))  # a causal one passes
+
+
+def write_gguf(path, arch="llama", tokens=("a", "b", "c"), fields=None, tensors=None) -> Path:
+    """A small GGUF of `arch` with these tokens, metadata fields (full keys: a text, a uint32 or
+    a list of uint32) and tensors (numpy arrays, stored in their own type)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model("gpt2")
+    if tokens is not None:
+        writer.add_token_list(list(tokens))
+    for key, value in (fields or {}).items():
+        if isinstance(value, list):
+            array, uint32 = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32
+            writer.add_key_value(key, value, array, sub_type=uint32)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    for name, data in (tensors or {}).items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_version_2_file_is_read_like_a_version_3_one(tmp_path):
+    """llama.cpp still reads version 2 (version 3 only added big-endian files): older
+    downloads must not be refused as too old."""
+    path = write_tiny_gguf(tmp_path / "v2.gguf", n_vocab=10)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 4, 2)
+    path.write_bytes(bytes(data))
+    info = read_gguf(path)
+    assert (info.version, info.n_vocab) == (2, 10)
+
+
+def test_tensors_are_found_where_gguf_py_finds_them(tmp_path):
+    """Tensor data starts at the first multiple of the alignment after the header, not before:
+    the narrowed draft reads its embedding rows at these offsets."""
+    from gguf import GGUFReader
+
+    tensors = {
+        "token_embd.weight": np.ones((5, 8), dtype=np.float32),
+        "output.weight": np.full((5, 8), 2.0, dtype=np.float32),
+    }
+    for tokens in (("a", "b", "c", "d", "e"), ("alpha", "b", "c", "d", "e")):
+        path = write_gguf(tmp_path / "spans.gguf", tokens=tokens, tensors=tensors)
+        info = read_gguf(path)
+        offsets = {t.name: int(t.data_offset) for t in GGUFReader(path).tensors}
+        assert info.token_embd is not None and info.output is not None
+        assert (info.token_embd.offset, info.output.offset) == (
+            offsets["token_embd.weight"],
+            offsets["output.weight"],
+        )
+
+
+def test_an_impossible_count_before_a_zeroed_rest_is_named_at_once(tmp_path):
+    """A count past what the file can hold fails before the first entry is read: a header left
+    zeroed (a preallocated download) would otherwise be walked entry by empty entry."""
+    path = tmp_path / "zeroed.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2**40) + bytes(200_000))
+    with pytest.raises(ModelFileError, match=r"it counts 1,099,511,627,776 entries, more than"):
+        read_gguf(path)
+
+
+def test_a_file_without_tensors_cut_inside_its_last_text_is_refused(tmp_path):
+    """A vocabulary-only GGUF has no tensor table after its metadata to trip on: the string's
+    own length must be checked against what is left of the file."""
+    path = write_gguf(tmp_path / "vocab.gguf", fields={"tokenizer.chat_template": "x" * 100})
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b"x" * 100) + 50])
+    with pytest.raises(ModelFileError, match="truncated or damaged"):
+        read_gguf(path)
+
+
+def test_a_zero_alignment_is_refused_as_damage_not_a_division_by_zero(tmp_path):
+    path = write_gguf(tmp_path / "aligned.gguf", fields={"general.alignment": 32})
+    data = bytearray(path.read_bytes())
+    at = data.index(b"general.alignment") + len("general.alignment") + 4  # past the type
+    struct.pack_into("<I", data, at, 0)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=r"damaged: .*\(bad general.alignment 0\)"):
+        read_gguf(path)
+
+
+def test_a_token_list_that_is_not_a_list_of_texts_is_no_tokenizer(tmp_path):
+    numbers = {"tokenizer.ggml.tokens": [1, 2]}
+    path = write_gguf(tmp_path / "numbers.gguf", tokens=None, fields=numbers)
+    with pytest.raises(ModelFileError, match="no tokenizer"):
+        read_gguf(path)
+
+
+def test_vocabularies_differing_only_in_their_last_byte_differ(tmp_path):
+    """The digest covers the token list to its very end."""
+    one = read_gguf(write_gguf(tmp_path / "a.gguf", tokens=("a", "b", "c")))
+    other = read_gguf(write_gguf(tmp_path / "b.gguf", tokens=("a", "b", "d")))
+    assert one.vocab_digest != other.vocab_digest
+
+
+def test_token_texts_are_the_texts_alone(tmp_path):
+    info = read_gguf(write_gguf(tmp_path / "t.gguf", tokens=("a", "bc", "")))
+    assert token_texts(info) == [b"a", b"bc", b""]
+
+
+NARROWED = "edgespec.narrowed."
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[0, 2], [0, 2, 2], [0, 1, 3], [2, 1, 0], None],
+    ids=["too-few", "repeated", "past-the-full-vocabulary", "unsorted", "missing"],
+)
+def test_a_narrowed_draft_with_a_damaged_list_of_ids_is_refused(tmp_path, ids):
+    """Its ids index the full draft's tables: one repeated, out of order or past the full
+    vocabulary would read the wrong rows, or past them."""
+    fields = {NARROWED + "source": "full.gguf", NARROWED + "full_vocab": 3}
+    if ids is not None:
+        fields[NARROWED + "token_ids"] = ids
+    with pytest.raises(ModelFileError, match="narrowed draft whose list of token ids is damaged"):
+        read_gguf(write_gguf(tmp_path / "narrowed.gguf", fields=fields))
+    fields[NARROWED + "token_ids"] = [0, 1, 2]
+    assert read_gguf(write_gguf(tmp_path / "sound.gguf", fields=fields)).full_vocab == 3
+
+
+def test_only_a_narrowed_draft_has_a_full_vocabulary(tmp_path):
+    """A stray full_vocab key without a source does not make a file narrowed."""
+    info = read_gguf(write_gguf(tmp_path / "plain.gguf", fields={NARROWED + "full_vocab": 9}))
+    assert info.narrowed_from is None and info.full_vocab is None
+
+
+def test_a_t5_encoder_is_an_embedding_model_though_its_header_does_not_say_so(tmp_path):
+    assert not read_gguf(write_gguf(tmp_path / "t5.gguf", arch="t5encoder")).causal
+
+
+def test_the_first_tensor_llama_cpp_cannot_compute_with_is_the_one_named(tmp_path):
+    tensors = {
+        "blk.0.a.weight": np.zeros((2, 8), dtype=np.float64),
+        "blk.0.b.weight": np.zeros((2, 8), dtype=np.int32),
+    }
+    info = read_gguf(write_gguf(tmp_path / "odd.gguf", tensors=tensors))
+    assert info.uncomputable == ("blk.0.a.weight", "F64")
+
+
+KV_BASE = {"llama.block_count": 3, "llama.attention.head_count": 4, "llama.embedding_length": 64}
+
+
+@pytest.mark.parametrize(
+    ("fields", "per_token"),
+    [
+        ({}, 3 * 4 * (16 + 16) * 2),  # key and value heads of embedding_length / head_count
+        ({"llama.attention.head_count_kv": 2}, 3 * 2 * (16 + 16) * 2),
+        ({"llama.attention.key_length": 8, "llama.attention.value_length": 4}, 3 * 4 * 12 * 2),
+        ({"llama.attention.head_count_kv": [1, 2, 3]}, 6 * (16 + 16) * 2),  # per layer
+        ({"llama.attention.head_count_kv": [1, 2]}, 0),  # not one per layer: not said
+    ],
+    ids=["heads", "grouped", "own-key-and-value-lengths", "per-layer", "per-layer-miscounted"],
+)
+def test_the_kv_cache_per_token_follows_the_attention_metadata(tmp_path, fields, per_token):
+    info = read_gguf(write_gguf(tmp_path / "kv.gguf", fields={**KV_BASE, **fields}))
+    assert info.kv_bytes_per_token == per_token
+
+
+def tiny_pair(tmp_path, draft_tokens, target_tokens, draft_special=(1, 2), target_special=(1, 2)):
+    infos = []
+    for name, tokens, (bos, eos) in (
+        ("draft", draft_tokens, draft_special),
+        ("target", target_tokens, target_special),
+    ):
+        fields = {"tokenizer.ggml.bos_token_id": bos, "tokenizer.ggml.eos_token_id": eos}
+        infos.append(read_gguf(write_gguf(tmp_path / f"{name}.gguf", tokens=tokens, fields=fields)))
+    return infos
+
+
+VOCAB = [f"tok{i}" for i in range(300)]
+
+
+def test_a_pair_is_refused_on_llama_cpps_rules_for_vocabularies_that_differ(tmp_path):
+    assert pairing_problem(*tiny_pair(tmp_path, VOCAB, VOCAB)) is None
+    assert pairing_problem(*tiny_pair(tmp_path, VOCAB, [*VOCAB, *["pad"] * 128])) is None
+    wider = tiny_pair(tmp_path, VOCAB, [*VOCAB, *["pad"] * 129])
+    assert pairing_problem(*wider) == "vocabulary sizes differ (300 vs 429)"
+    # the last token both have is compared too
+    renamed = tiny_pair(tmp_path, [*VOCAB[:-1], "other"], [*VOCAB, "pad"])
+    assert pairing_problem(*renamed) == "token texts differ"
+
+
+def test_a_pair_whose_special_tokens_differ_is_refused(tmp_path):
+    """Even with identical vocabularies for BOS (the prompt starts with it); EOS where they
+    differ (identical ones mean the same by every id)."""
+    other_bos = tiny_pair(tmp_path, VOCAB, VOCAB, draft_special=(0, 2))
+    assert pairing_problem(*other_bos).startswith("special tokens differ (BOS 0 vs 1")
+    other_eos = tiny_pair(tmp_path, VOCAB, [*VOCAB, "pad"], draft_special=(1, 0))
+    assert pairing_problem(*other_eos) == "special tokens differ (BOS 1 vs 1, EOS 0 vs 2)"

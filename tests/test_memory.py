@@ -87,6 +87,13 @@ def test_free_memory_is_read_from_meminfo_and_none_where_it_cannot_be(tmp_path):
     assert free_memory(tmp_path / "old") is None
 
 
+def test_swap_counts_what_is_free_of_it_and_odd_lines_are_skipped(tmp_path):
+    path = meminfo(tmp_path, available_mib=900)
+    with path.open("a") as f:
+        f.write("SwapTotal:       2048000 kB\nSwapFree:         102400 kB\nOdd:   n/a\n")
+    assert free_memory(path) == FreeMemory(900 * 2**20, 100 * 2**20, 3993668 * 1024)
+
+
 def cgroup(tmp_path: Path, line: str, folder: str, files: dict[str, str]) -> tuple[Path, Path]:
     """A fake /proc/self/cgroup holding `line`, and a cgroup tree with `files` in `folder`."""
     (tmp_path / "self_cgroup").write_text(f"{line}\n")
@@ -106,6 +113,24 @@ def test_a_containers_memory_limit_counts_what_it_leaves_with_its_droppable_cach
     })  # fmt: skip
     limited = memory.container_memory(root, self_cgroup)
     assert limited == FreeMemory(848 * MIB, 0, 2048 * MIB, "this container's")
+
+
+def test_a_container_over_its_limit_has_nothing_available_not_less_than_nothing(tmp_path):
+    """memory.current passes memory.max for a while after the limit is lowered."""
+    root, self_cgroup = cgroup(tmp_path, "0::/c", "c", {
+        "memory.max": f"{512 * MIB}", "memory.current": f"{600 * MIB}", "memory.stat": "",
+    })  # fmt: skip
+    assert memory.container_memory(root, self_cgroup) == FreeMemory(
+        0, 0, 512 * MIB, "this container's"
+    )
+
+
+def test_a_group_that_cannot_be_read_gives_way_to_the_next_line(tmp_path):
+    root, self_cgroup = cgroup(tmp_path, "0::/c", "c", {
+        "memory.max": f"{512 * MIB}", "memory.current": f"{12 * MIB}", "memory.stat": "",
+    })  # fmt: skip
+    self_cgroup.write_text("5:memory:/not-mounted-here\n0::/c\n")
+    assert memory.container_memory(root, self_cgroup).available == 500 * MIB
 
 
 def test_a_v1_memory_controller_is_read_too_and_no_limit_is_none(tmp_path):
