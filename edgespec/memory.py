@@ -90,7 +90,10 @@ def container_memory(root: Path, self_cgroup: Path | None = None) -> FreeMemory 
     except OSError:
         return None
     for line in lines:
-        _, controllers, group = line.split(":", 2)
+        fields = line.split(":", 2)  # "id:controllers:path"
+        if len(fields) != 3:
+            continue
+        _, controllers, group = fields
         if controllers == "":  # cgroup v2: one hierarchy
             folder, names = root / group.lstrip("/"), ("memory.max", "memory.current")
             cache_key = "inactive_file"

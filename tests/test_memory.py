@@ -146,6 +146,13 @@ def test_a_v1_memory_controller_is_read_too_and_no_limit_is_none(tmp_path):
     assert memory.container_memory(root, self_cgroup) is None  # v1's "no limit"
 
 
+def test_a_line_of_proc_self_cgroup_that_is_no_group_is_passed_over(tmp_path):
+    root, self_cgroup = cgroup(tmp_path, "garbage\n0::/c", "c", {
+        "memory.max": f"{512 * MIB}", "memory.current": f"{12 * MIB}", "memory.stat": "",
+    })  # fmt: skip
+    assert memory.container_memory(root, self_cgroup).available == 500 * MIB
+
+
 def test_a_cgroup_without_a_memory_limit_or_files_leaves_the_devices_figures(tmp_path):
     root, self_cgroup = cgroup(tmp_path, "0::/user.slice", "user.slice", {
         "memory.max": "max\n", "memory.current": "123\n", "memory.stat": "anon 1\n",
