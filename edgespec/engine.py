@@ -1577,8 +1577,8 @@ class Engine:
                 candidates = self._draft_candidates(row, 1, first)
                 p_top = candidates[0][1]
                 chance = run.calibrator.predict(p_top) if cfg.calibrated else None
-                room = len(tree.branches) < cfg.max_branches
-                if room and may_branch(p_top if chance is None else chance, cfg.branch_p):
+                can_add_branch = len(tree.branches) < cfg.max_branches
+                if can_add_branch and may_branch(p_top if chance is None else chance, cfg.branch_p):
                     candidates = self._draft_candidates(row, cfg.max_branches, first)
                 argmax_of[node] = candidates[0]
                 children = branch_children(candidates, cfg.branch_p, chance)

@@ -101,24 +101,8 @@ def test_a_version_too_old_is_said_so_not_called_damaged(tmp_path, smol_path):
 
 def tiny_llama_with(path, **fields) -> Path:
     """write_tiny_gguf's file with some `llama.` hyperparameters set (a number or a string)."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(["a", "b", "c"])
-    for key, value in fields.items():
-        key = f"llama.{key.replace('__', '.')}"
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        else:
-            writer.add_uint32(key, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    named = {f"llama.{key.replace('__', '.')}": value for key, value in fields.items()}
+    return write_gguf(path, fields=named)
 
 
 # Each aborted llama.cpp on an assertion (while loading, or at the first pass: the epsilon), or
@@ -214,8 +198,8 @@ def test_an_embedding_model_is_refused_by_name_before_it_loads(tmp_path):
 
 
 def write_gguf(path, arch="llama", tokens=("a", "b", "c"), fields=None, tensors=None) -> Path:
-    """A small GGUF of `arch` with these tokens, metadata fields (full keys: a text, a uint32 or
-    a list of uint32) and tensors (numpy arrays, stored in their own type)."""
+    """A small GGUF of `arch` with these tokens, metadata fields (full keys: a text, a float32,
+    a uint32 or a list of uint32) and tensors (numpy arrays, stored in their own type)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -228,6 +212,8 @@ def write_gguf(path, arch="llama", tokens=("a", "b", "c"), fields=None, tensors=
             writer.add_key_value(key, value, array, sub_type=uint32)
         elif isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
         else:
             writer.add_uint32(key, value)
     for name, data in (tensors or {}).items():
