@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -32,7 +32,6 @@ from edgespec.errors import (
 )
 from edgespec.files import regular_destination, user_path, written_into_place
 from edgespec.stats import Stats
-from edgespec.text import valid_text
 
 from . import INTERRUPTED
 from . import options as opt
@@ -41,6 +40,7 @@ from .chat_cmd import chat
 from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
+from .prompts import prompt_lines, read_files, read_prompt, with_files
 from .signals import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
@@ -165,52 +165,6 @@ def check_unused_draft(name: str, target: Path) -> None:
 def draft_named_or_default(settings: Settings) -> bool:
     """Whether the settings give a draft (resolve_draft): one named, or the default pair's."""
     return settings.draft is not None or settings.target is None
-
-
-MAX_PROMPT_BYTES = 64 << 20
-
-
-def read_prompt(prompt: str) -> str:
-    """The prompt as given, or read from stdin for "-"; bytes that are not UTF-8 become U+FFFD.
-    From stdin without the newline that ends its last line (`echo`, a file): with it, the same
-    question was a prompt one token longer than as an argument, and answered otherwise."""
-    if prompt == "-":
-        text = read_stdin(read_at_most(MAX_PROMPT_BYTES, "the prompt on stdin"))
-        return text[:-1] if text.endswith("\n") else text
-    return valid_text(prompt)
-
-
-def prompt_lines(prompt: str) -> Iterator[str]:
-    """The lines of the prompt that hold text; for "-", stdin's, each as soon as it arrives (a
-    script may write its next question after reading an answer)."""
-    if prompt == "-":
-        lines: Iterable[str] = (
-            line.decode("utf-8", "replace") if isinstance(line, bytes) else valid_text(line)
-            for line in getattr(sys.stdin, "buffer", sys.stdin)
-        )
-    else:  # lines end at \n as stdin's do (splitlines also ends them at \f, U+2028, ...)
-        lines = valid_text(prompt).split("\n")
-    return (line.rstrip("\r\n") for line in lines if line.strip())
-
-
-def read_at_most(limit: int, what: str) -> Callable[[IO], str | bytes]:
-    """A reader of a whole stream that refuses one longer than `limit` (/dev/zero was read
-    until the machine ran out of memory)."""
-
-    def read(stream: IO) -> str | bytes:
-        data = stream.read(limit + 1)
-        if len(data) > limit:
-            raise BadSettingError(f"{what} is over {limit >> 20} MB: more than any context holds")
-        return data
-
-    return read
-
-
-def read_stdin(read: Callable[[IO], str | bytes]) -> str:
-    """`read` applied to stdin's bytes, decoded as UTF-8 whatever the locale (a bad byte must not
-    be a traceback); to stdin itself where it has no bytes (a test's StringIO)."""
-    data = read(getattr(sys.stdin, "buffer", sys.stdin))
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else valid_text(data)
 
 
 @contextmanager
@@ -455,6 +409,16 @@ def run(
     adaptive_alpha: opt.AdaptiveAlpha = None,
     ngram: opt.Ngram = True,
     calibrated: opt.Calibrated = True,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="A file whose text goes before the prompt ('-': stdin's), fenced under its "
+            'name (repeatable): `edgespec run -f app.py "Add type hints"`',
+            parser=opt.path,
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,
@@ -483,6 +447,7 @@ def run(
             )
         # One from config.toml or EDGESPEC_SYSTEM is for the prompts that have a template.
         settings = dataclasses.replace(settings, system=None)
+    attached = read_files(files or [], prompt)
     if each_line:
         lines = prompt_lines(prompt)
         text = next(lines, "")  # the first, before loading: no prompt at all fails at once
@@ -514,10 +479,11 @@ def run(
     if settings.source("system") != "flag" and engine.target.info.chat_template is None:
         options["system"] = None  # as with --raw: the file's or environment's is for templates
     if each_line:
-        answer_each_line(engine, settings, itertools.chain([text], lines), chat, options)
+        prompts = itertools.chain([text], lines)
+        answer_each_line(engine, settings, prompts, chat, options, attached)
         return
     # A prompt longer than the context fails here, before a first use's measuring.
-    stream = engine.stream(text, chat=chat, **options)
+    stream = engine.stream(with_files(text, attached), chat=chat, **options)
     profile_if_needed(engine, settings)
     try:
         result = finish(stream, None if as_json else write_now)
@@ -564,14 +530,15 @@ def answer_each_line(
     prompts: Iterable[str],
     chat: bool | None,
     options: dict[str, object],
+    files: list[tuple[str, str]],
 ) -> None:
     """One JSON object a line per prompt, its "prompt" first, each written when it is done. A
     prompt too long for the context gets an "error" in place of an answer, and the run ends
-    with an error once every prompt is done."""
+    with an error once every prompt is done. `files` go with each prompt (`with_files`)."""
     profiled, answered, too_long = False, 0, 0
     for text in prompts:
         try:
-            stream = engine.stream(text, chat=chat, **options)
+            stream = engine.stream(with_files(text, files), chat=chat, **options)
         except ContextOverflowError as e:
             write_now(json.dumps({"prompt": text, "error": str(e)}, ensure_ascii=False) + "\n")
             too_long += 1

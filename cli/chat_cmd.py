@@ -25,6 +25,7 @@ from edgespec.files import user_path
 from edgespec.text import valid_text
 
 from . import options as opt
+from .prompts import read_file, read_files, read_stdin, with_files
 
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
     from edgespec.conversation import Conversation
@@ -42,6 +43,7 @@ HELP = f"""\
 /clear            forget the conversation
 /save FILE        save the conversation as JSON
 /load FILE        continue a saved conversation
+/file FILE        put a file's text before your next message (fenced under its name)
 /bye, /exit       leave (or Ctrl+D)
 {MULTILINE} ... {MULTILINE}       a message of several lines (Ctrl+C drops it, Ctrl+P recalls it)
 Ctrl+C stops an answer and keeps what it said so far."""
@@ -76,6 +78,15 @@ def chat(
             parser=opt.path,
         ),
     ] = None,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="A file whose text goes before the first message, as /file puts it (repeatable)",
+            parser=opt.path,
+        ),
+    ] = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
@@ -102,6 +113,9 @@ def chat(
     )  # fmt: skip
     settings = resolve(flags)
     template = read_template(chat_template) if chat_template else None
+    if files and Path("-") in files:  # stdin holds the messages
+        raise BadSettingError("--file - : chat reads its messages from stdin; name a file")
+    attached = read_files(files or [], "")
     # Bad values fail before any model is loaded or measured.
     with sources_named(settings):
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
@@ -116,6 +130,7 @@ def chat(
     inputs = (user_path(chat_template, "the chat template"),) if chat_template else ()
     conversation = Conversation(engine, settings.system, template, inputs)
     repl = Repl(conversation, settings, sys.stdin.isatty())
+    repl.attached = attached
     repl.run()
     if repl.failures and not repl.interactive:  # a script must learn that its /save failed
         raise EdgespecError(
@@ -148,6 +163,7 @@ class Repl:
         self.interactive = interactive  # a terminal: prompts and line editing
         self.catching_up: threading.Event | None = None  # set once the draft has caught up
         self.failures = 0  # messages and commands refused with an error line
+        self.attached: list[tuple[str, str]] = []  # (name, text) of files for the next message
 
     def run(self) -> None:
         if self.interactive:
@@ -193,8 +209,6 @@ class Repl:
             sys.stderr.write(prompt)
             sys.stderr.flush()
             return valid_text(input())
-        from .app import read_stdin
-
         line = read_stdin(lambda f: f.readline())
         if not line:
             raise EOFError
@@ -227,7 +241,8 @@ class Repl:
     def answer(self, text: str) -> None:
         # Asked before waiting for the draft (only the target's tokenizer is used): a Ctrl+C
         # during the wait then keeps the question, with an empty answer cut short.
-        reply = self.conversation.ask(text, **self.generation_options())
+        files, self.attached = self.attached, []
+        reply = self.conversation.ask(with_files(text, files), **self.generation_options())
         if reply.dropped:
             err.print(
                 f"[dim]the oldest {reply.dropped} turn(s) no longer fit the context: the model no "
@@ -314,6 +329,8 @@ class Repl:
         elif name == "/save":
             self.conversation.save(need_file(arg, name))
             print(f"Saved {len(self.conversation.messages)} messages to {arg}.")
+        elif name == "/file":
+            self.attach(need_file(arg, name))
         elif name == "/load":
             out_of_view = self.conversation.load(need_file(arg, name))
             print(f"Loaded {len(self.conversation.messages)} messages from {arg}.")
@@ -326,6 +343,16 @@ class Repl:
         else:
             raise BadSettingError(f"unknown command {name}; /? lists the commands")
         return True
+
+    def attach(self, name: str) -> None:
+        if name == "-":  # stdin holds the messages
+            raise BadSettingError("/file takes a file's path")
+        text = read_file(Path(name).expanduser())
+        self.attached.append((name, text))
+        lines = text.count("\n") + (not text.endswith("\n"))
+        print(
+            f"Attached {name} ({lines} line{'s' * (lines != 1)}): it goes before your next message."
+        )
 
     def set(self, arg: str) -> None:
         name, _, text = arg.partition(" ")

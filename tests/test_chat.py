@@ -246,6 +246,46 @@ def test_chat_reads_one_message_per_line_from_a_pipe(smol_path, tmp_path):
     assert [m["content"] for m in saved(saved_to)][::2] == ["Hi", "What is 2+2?"]
 
 
+def test_a_file_goes_before_the_next_message_only_and_a_bad_one_is_an_error_line(
+    smol_path, tmp_path
+):
+    from edgespec.cli.prompts import with_files
+
+    (tmp_path / "notes.txt").write_text("Meeting: Thursday 10:00, room 4.\n")
+    saved_to = tmp_path / "chat.json"
+    lines = (f"/file {tmp_path}/notes.txt\nWhen?\n/file {tmp_path}/none.txt\n/file\nWhere?\n"
+             f"/save {saved_to}\n")  # fmt: skip
+    done = piped_chat(smol_path, tmp_path, lines)
+    assert done.returncode == 1  # the two /file that failed
+    assert f"Attached {tmp_path}/notes.txt (1 line)" in done.stdout
+    assert f"error: no such file: {tmp_path}/none.txt" in done.stderr
+    assert "error: usage: /file FILE" in done.stderr
+    notes = [(f"{tmp_path}/notes.txt", "Meeting: Thursday 10:00, room 4.\n")]
+    assert [m["content"] for m in saved(saved_to)][::2] == [with_files("When?", notes), "Where?"]
+
+
+def test_chat_file_flags_go_before_the_first_message(smol_path, tmp_path):
+    from edgespec.cli.prompts import with_files
+
+    files = [tmp_path / "a.txt", tmp_path / "b.py"]
+    files[0].write_text("alpha\n")
+    files[1].write_text("print('b')")
+    saved_to = tmp_path / "chat.json"
+    done = piped_chat(smol_path, tmp_path, f"Compare them.\nThanks.\n/save {saved_to}\n",
+                      "-f", str(files[0]), "--file", str(files[1]))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first = with_files("Compare them.", [(str(files[0]), "alpha\n"), (str(files[1]), "print('b')")])
+    assert [m["content"] for m in saved(saved_to)][::2] == [first, "Thanks."]
+
+
+def test_chat_refuses_a_file_flag_it_cannot_read_before_loading(smol_path, tmp_path):
+    for flag, error in [(str(tmp_path), "is a directory"), ("-", "chat reads its messages")]:
+        done = piped_chat(smol_path, tmp_path, "Hi\n", "-f", flag)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.startswith("error: ") and error in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_show_prints_a_loaded_system_messages_control_characters_as_escapes(smol_path, tmp_path):
     """A saved conversation's system message may hold terminal escapes: /show printed them raw
     (this one clears the screen)."""

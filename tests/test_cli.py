@@ -185,6 +185,84 @@ def test_each_line_answers_every_prompt_as_a_run_of_its_own_would_with_the_model
     assert answers[1]["stats"]["n_prompt_eval"] < answers[1]["stats"]["n_prompt_tokens"]
 
 
+def test_a_file_goes_before_the_prompt_fenced_under_its_name(capsys, smol_path, tmp_path):
+    code_file = tmp_path / "ops.py"
+    code_file.write_text("def add(a, b):\n    return a + b\n")
+    question = "Add type hints."
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "16", "--json"]
+    code, out, _ = cli(capsys, *args, "-f", str(code_file), question)
+    written_out = f"{code_file}:\n```\ndef add(a, b):\n    return a + b\n```\n\n{question}"
+    code_alone, out_alone, _ = cli(capsys, *args, written_out)
+    assert code == code_alone == 0
+    assert json.loads(out)["tokens"] == json.loads(out_alone)["tokens"]
+    assert (
+        json.loads(out)["stats"]["n_prompt_tokens"]
+        == json.loads(out_alone)["stats"]["n_prompt_tokens"]
+    )
+
+
+def test_files_keep_their_order_and_a_fence_inside_one_gets_a_longer_fence():
+    from edgespec.cli.prompts import with_files
+
+    readme = "Run:\n```sh\nmake\n```\n"
+    assert with_files("Why?", [("README.md", readme), ("-", "piped\n")]) == (
+        "README.md:\n````\nRun:\n```sh\nmake\n```\n````\n\n```\npiped\n```\n\nWhy?"
+    )
+
+
+def test_a_file_on_stdin_goes_with_a_prompt_given_as_an_argument(capsys, smol_path, monkeypatch):
+    from edgespec.cli.prompts import with_files
+
+    monkeypatch.setattr(sys, "stdin", io.BytesIO(b"caf\xc3\xa9 \xff\n"))  # not all UTF-8
+    monkeypatch.setattr(sys.stdin, "buffer", sys.stdin, raising=False)
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "4", "--json"]
+    code, out, _ = cli(capsys, *args, "-f", "-", "Translate.")
+    _, alone, _ = cli(capsys, *args, with_files("Translate.", [("-", "caf\u00e9 \ufffd\n")]))
+    assert code == 0 and json.loads(out)["tokens"] == json.loads(alone)["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ("missing.txt", "no such file: {tmp}/missing.txt"),
+        (".", "{tmp} is a directory; --file takes a file"),
+        ("model.gguf", "{tmp}/model.gguf is not text (it holds NUL bytes)"),
+    ],
+)
+def test_a_file_that_is_not_readable_text_fails_before_the_models_load(
+    capsys, smol_path, tmp_path, monkeypatch, given, error
+):
+    import edgespec.cli.app as app
+
+    monkeypatch.setattr(app, "load_engine", lambda *a, **k: pytest.fail("loaded the models"))
+    shutil.copy(smol_path, tmp_path / "model.gguf")
+    path = os.path.normpath(tmp_path / given)
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "-f", path, "Summarise it.")
+    one_line_error(code, err, error.format(tmp=tmp_path))
+    assert code == 2
+
+
+@pytest.mark.parametrize("args", [["-f", "-", "-"], ["-f", "-", "-f", "-", "Hi"]])
+def test_stdin_is_read_once(capsys, smol_path, args):
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), *args)
+    one_line_error(code, err, "stdin can be read once: give '-' as the prompt or one --file")
+
+
+def test_each_line_asks_about_the_same_files_and_reuses_their_cache(capsys, smol_path, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting moved to Thursday at 10:00 in room 4. Bring the budget.\n" * 3)
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "8", "-f", str(notes)]
+    questions = ["When is the meeting?", "What should I bring?"]
+    alone = [json.loads(cli(capsys, *args, "--json", q)[1])["tokens"] for q in questions]
+    code, out, _ = cli(capsys, *args, "--each-line", "\n".join(questions))
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [a["prompt"] for a in answers] == questions
+    assert [a["tokens"] for a in answers] == alone
+    second = answers[1]["stats"]
+    assert second["n_prompt_eval"] < second["n_prompt_tokens"] - 60  # the file's tokens reused
+
+
 def test_each_line_of_stdin_is_answered_before_the_next_is_read(smol_path):
     """A script can hold one edgespec open and ask its questions in turn (a coprocess)."""
     proc = subprocess.Popen(
