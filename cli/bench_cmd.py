@@ -167,6 +167,7 @@ def bench(
             n_ctx=ctx_size,
             progress=progress,
             temperature=temp,
+            say=lambda line: status.print(line, style="dim", markup=False, soft_wrap=True),
         )
     except KeyboardInterrupt:
         if progress is not None:  # "interrupted" goes on a line of its own, not after it

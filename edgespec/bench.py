@@ -48,6 +48,7 @@ from .engine import (
 )
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import read_gguf
+from .memory import free_memory, memory_need, shortage
 from .sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
@@ -63,6 +64,7 @@ BENCH_CTX = 4096  # tokens of context, unless the target was trained for fewer
 # llama.cpp's own lookup was run with there, and the setting of the 0.50x figure it reports for
 # this baseline.
 LOOKUP_TOKENS = 4
+BENCH_REMEDY = "bench a smaller --target (named alone it has no draft) or a smaller --ctx-size"
 WARMUP_TOKENS = 8  # an untimed first generation per mode: threads spun up, weights paged in
 # llama.cpp's logits for a token depend slightly on how they were computed: batches above 32 rows
 # take other kernels, and KV cells out of position order (a token tree leaves holes that later
@@ -771,6 +773,7 @@ def run_bench(
     n_ctx: int | None = None,
     progress: Progress | None = None,
     *,
+    say: Callable[[str], object] = lambda _: None,
     lookup_tokens: int = LOOKUP_TOKENS,
     seed: int = 0,
     temperature: float = 0.0,
@@ -782,6 +785,7 @@ def run_bench(
     always run. One Engine (with the draft) serves every engine mode; each llama mode loads the
     target once more. `progress` is called before each run, never inside a timed span. `n_ctx`:
     None is 4096 (the suite's longest prompts and answers), or less for a model trained for less.
+    `say` is told, before the models load, where they need more memory than is available.
     """
     if repeats < 1:
         raise BadSettingError(f"--repeats must be at least 1 (got {repeats})")
@@ -790,8 +794,11 @@ def run_bench(
     SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = checked_modes(modes, has_draft=draft is not None)
+    target_info, draft_info = read_gguf(target), read_gguf(draft) if draft else None
     if n_ctx is None:
-        n_ctx = min(BENCH_CTX, read_gguf(target).context_length or BENCH_CTX)
+        n_ctx = min(BENCH_CTX, target_info.context_length or BENCH_CTX)
+    if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory(), BENCH_REMEDY):
+        say(short)
     # -t for both models; without it each takes one thread per CPU of its own, as in `run`.
     engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
     threads = engine.threads

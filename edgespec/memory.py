@@ -117,9 +117,12 @@ def container_memory(root: Path, self_cgroup: Path | None = None) -> FreeMemory 
     return None
 
 
-def shortage(need: MemoryNeed, free: FreeMemory | None) -> str | None:
+RUN_REMEDY = "use a smaller --target, no draft (--mode target or ngram) or a smaller --ctx-size"
+
+
+def shortage(need: MemoryNeed, free: FreeMemory | None, remedy: str = RUN_REMEDY) -> str | None:
     """What a user should know where the models take more memory than is available; None where
-    they fit or the device does not say."""
+    they fit or the device does not say. `remedy`: what else the command could be asked to do."""
     if free is None or need.total <= free.available:
         return None
     needs = (
@@ -132,7 +135,4 @@ def shortage(need: MemoryNeed, free: FreeMemory | None) -> str | None:
         outcome = "the system will likely stop edgespec while they load (out of memory)"
     else:
         outcome = "the system will swap, and generation may crawl"
-    return (
-        f"{needs}: {outcome}; close other programs, or use a smaller --target, "
-        "no draft (--mode target or ngram) or a smaller --ctx-size"
-    )
+    return f"{needs}: {outcome}; close other programs, or {remedy}"

@@ -212,6 +212,28 @@ def test_run_says_before_loading_that_the_models_do_not_fit_and_still_runs(
     assert code == 0 and "the models need" not in err
 
 
+def test_bench_says_before_loading_that_the_models_do_not_fit_in_its_own_flags(
+    smol_path, tmp_path, monkeypatch
+):
+    from edgespec.bench import BenchPrompt, run_bench
+    from edgespec.errors import BadSettingError
+
+    monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=100))
+    said: list[str] = []
+    long = BenchPrompt("long-one", "code", "word " * 400, 8)  # stops the bench once loaded
+    with pytest.raises(BadSettingError, match="long-one"):
+        run_bench(smol_path, smol_path, ["chain"], [long], n_ctx=256, say=said.append)
+    assert len(said) == 1 and "the models need about" in said[0]
+    assert said[0].endswith(
+        "bench a smaller --target (named alone it has no draft) or a smaller --ctx-size"
+    )
+    monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=4000))
+    said.clear()
+    with pytest.raises(BadSettingError, match="long-one"):
+        run_bench(smol_path, smol_path, ["chain"], [long], n_ctx=256, say=said.append)
+    assert said == []
+
+
 def test_a_load_shows_its_progress_on_a_terminal_once_it_takes_a_while_and_erases_it(
     capsys, smol_path, monkeypatch
 ):
