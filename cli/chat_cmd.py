@@ -25,7 +25,9 @@ from edgespec.files import user_path
 from edgespec.text import valid_text
 
 from . import options as opt
+from .kept_chats import KeptChat, chats_dir, latest_chat, remember_typed_lines
 from .prompts import read_file, read_files, read_stdin, with_files
+from .signals import Ended, ended_by_signals
 
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
     from edgespec.conversation import Conversation
@@ -46,7 +48,8 @@ HELP = f"""\
 /file FILE        put a file's text before your next message (fenced under its name)
 /bye, /exit       leave (or Ctrl+D)
 {MULTILINE} ... {MULTILINE}       a message of several lines (Ctrl+C drops it, Ctrl+P recalls it)
-Ctrl+C stops an answer and keeps what it said so far."""
+Ctrl+C stops an answer and keeps what it said so far. A chat at a terminal is kept after
+every answer: edgespec chat --continue takes up the last one."""
 
 err = Console(stderr=True, highlight=False)
 
@@ -87,6 +90,13 @@ def chat(
             parser=opt.path,
         ),
     ] = None,
+    continue_: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="Take up the chat kept last: a chat at a terminal is kept after every answer",
+        ),
+    ] = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
@@ -116,6 +126,9 @@ def chat(
     if files and Path("-") in files:  # stdin holds the messages
         raise BadSettingError("--file - : chat reads its messages from stdin; name a file")
     attached = read_files(files or [], "")
+    continued = latest_chat() if continue_ else None
+    if continue_ and continued is None:
+        raise EdgespecError(f"no chat to continue: none is kept in {chats_dir()} yet")
     # Bad values fail before any model is loaded or measured.
     with sources_named(settings):
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
@@ -129,9 +142,15 @@ def chat(
         )
     inputs = (user_path(chat_template, "the chat template"),) if chat_template else ()
     conversation = Conversation(engine, settings.system, template, inputs)
-    repl = Repl(conversation, settings, sys.stdin.isatty())
+    interactive = sys.stdin.isatty()
+    if continued is not None:
+        take_up(conversation, continued, settings)
+    kept = KeptChat(conversation, note, continued) if interactive or continued else None
+    repl = Repl(conversation, settings, interactive, kept)
     repl.attached = attached
     repl.run()
+    if repl.ended_by is not None:
+        raise typer.Exit(repl.ended_by)
     if repl.failures and not repl.interactive:  # a script must learn that its /save failed
         raise EdgespecError(
             f"{repl.failures} of the piped messages and commands failed (see above)"
@@ -156,22 +175,55 @@ def read_template(path: Path) -> str:
         raise EdgespecError(f"the chat template {path} is not UTF-8 text") from None
 
 
+def take_up(conversation: Conversation, path: Path, settings: Settings) -> None:
+    """Continue the kept chat in `path` (--continue); a --system typed now replaces its own."""
+    out_of_view = conversation.load(path)
+    if settings.system is not None and settings.source("system") == "flag":
+        conversation.set_system(settings.system)
+    n = len(conversation.messages)
+    note(f"continuing the chat kept in {path} ({n} message{'s' * (n != 1)})")
+    if out_of_view:
+        note(
+            f"the oldest {out_of_view} turn(s) do not fit the context: the model does not see them"
+        )
+
+
+def note(line: str) -> None:
+    err.print(line, style="dim", markup=False, soft_wrap=True)
+
+
 class Repl:
-    def __init__(self, conversation: Conversation, settings: Settings, interactive: bool):
+    def __init__(
+        self,
+        conversation: Conversation,
+        settings: Settings,
+        interactive: bool,
+        kept: KeptChat | None = None,
+    ):
         self.conversation = conversation
         self.settings = settings
         self.interactive = interactive  # a terminal: prompts and line editing
+        self.kept = kept  # saves the conversation after each answer (kept_chats.py)
+        self.ended_by: int | None = None  # the exit code of a SIGHUP or SIGTERM that ended it
         self.catching_up: threading.Event | None = None  # set once the draft has caught up
         self.failures = 0  # messages and commands refused with an error line
         self.attached: list[tuple[str, str]] = []  # (name, text) of files for the next message
 
     def run(self) -> None:
-        if self.interactive:
-            import readline  # noqa: F401  (line editing and history for input())
+        """Read and answer until /bye, the input's end, or (for a kept chat) SIGHUP or SIGTERM,
+        after which `ended_by` holds the signal's exit code: the answer in progress is kept,
+        cut short, as at Ctrl+C."""
+        write_typed_lines = remember_typed_lines() if self.interactive else lambda: None
+        signals = ended_by_signals() if self.kept is not None else contextlib.nullcontext()
         try:
-            self.loop()
+            with signals:
+                self.loop()
+        except Ended as e:
+            self.ended_by = e.exit_code
+            self.keep()
         finally:
             self.settle()
+            write_typed_lines()
 
     def loop(self) -> None:
         while True:
@@ -254,11 +306,16 @@ class Repl:
             for piece in reply:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
+        except Ended:
+            reply.close()  # now, not when the traceback lets the generator go
+            raise
         except KeyboardInterrupt:
             reply.close()
+            self.keep()
             sys.stdout.write("\n")
             err.print("[dim]interrupted[/dim]")
             return
+        self.keep()
         sys.stdout.write("\n")
         sys.stdout.flush()
         stats = self.conversation.last_stats
@@ -268,6 +325,10 @@ class Repl:
             summary = f"{stats.summary()}, context {self.conversation.context_used()}/{n_ctx}"
             err.print(f"[dim]{summary}[/dim]", soft_wrap=True)
         self.catch_up_while_idle()
+
+    def keep(self) -> None:
+        if self.kept is not None:
+            self.kept.save()
 
     # ----- the draft, between answers --------------------------------------------------------
     def catch_up_while_idle(self) -> None:
@@ -319,6 +380,8 @@ class Repl:
             print(HELP)
         elif name == "/clear":
             self.conversation.clear()
+            if self.kept is not None:
+                self.kept.start_new()  # the cleared one stays kept as it was
             print("Cleared the conversation.")
         elif name == "/set":
             self.set(arg)
@@ -333,6 +396,8 @@ class Repl:
             self.attach(need_file(arg, name))
         elif name == "/load":
             out_of_view = self.conversation.load(need_file(arg, name))
+            if self.kept is not None:
+                self.kept.start_new()  # the replaced one stays kept as it was
             print(f"Loaded {len(self.conversation.messages)} messages from {arg}.")
             if out_of_view:
                 err.print(

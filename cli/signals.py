@@ -1,11 +1,13 @@
-"""SIGTERM taken as Ctrl+C, for the commands that write files or answer."""
+"""SIGTERM taken as Ctrl+C, for the commands that write files or answer; SIGHUP and SIGTERM
+as the end of a kept chat."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
@@ -27,3 +29,30 @@ def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
             signal.signal(signal.SIGTERM, before)
 
     return wrapped
+
+
+class Ended(BaseException):
+    """The terminal closed (SIGHUP) or the chat was told to end (SIGTERM): not a Ctrl+C, which
+    a chat takes as "stop this answer" and goes on."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def ended_by_signals() -> Iterator[None]:
+    """SIGHUP and SIGTERM raise Ended inside: the chat keeps what it has before it exits."""
+
+    def end(signum: int, frame: object) -> None:
+        raise Ended(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # no signals there
+        yield
+        return
+    before = {signum: signal.signal(signum, end) for signum in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -102,6 +102,18 @@ def config_dir() -> Path:
     return base / "edgespec"
 
 
+def state_dir() -> Path:
+    """Where edgespec keeps what it wrote down for the user between runs (chats, typed lines):
+    $EDGESPEC_HOME, else $XDG_STATE_HOME/edgespec or ~/.local/state/edgespec. Not the cache,
+    which cleaners may empty, nor the config directory, which people keep in their dotfiles."""
+    home = os.environ.get("EDGESPEC_HOME")
+    if home:
+        return user_path(home, "EDGESPEC_HOME")
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else user_home() / ".local" / "state"
+    return base / "edgespec"
+
+
 def config_path() -> Path:
     return config_dir() / CONFIG_FILE
 

@@ -176,6 +176,126 @@ def test_chat_in_a_terminal(smol_path, tmp_path):
         term.kill()
 
 
+def kept_chats(tmp_path) -> list:
+    """The chats kept in the test's EDGESPEC_HOME, oldest first."""
+    return sorted((tmp_path / "home" / "chats").glob("*.json"), key=lambda p: p.stat().st_mtime)
+
+
+def test_a_chat_at_a_terminal_is_kept_after_every_answer_and_a_cleared_one_stays(
+    smol_path, tmp_path
+):
+    term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        assert kept_chats(tmp_path) == []  # nothing asked, nothing kept
+        term.ask("Hi")
+        (first,) = kept_chats(tmp_path)
+        assert [m["content"] for m in saved(first)][::2] == ["Hi"]
+        assert stat.S_IMODE(first.stat().st_mode) == 0o600  # what a person asked is theirs
+        term.ask("What is 2+2?")
+        assert [m["content"] for m in saved(first)][::2] == ["Hi", "What is 2+2?"]
+        term.command("/clear")
+        term.ask("Bye")
+        first_again, second = kept_chats(tmp_path)
+        assert first_again == first and len(saved(first)) == 4
+        assert [m["content"] for m in saved(second)][::2] == ["Bye"]
+        term.send_line("/bye")
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+    typed = (tmp_path / "home" / "typed-lines").read_text()
+    assert "What is 2+2?" in typed and "/clear" in typed  # for the next chat's up arrow
+
+
+def test_continue_takes_up_the_latest_kept_chat_and_keeps_it_in_the_same_file(smol_path, tmp_path):
+    term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        term.ask("My name is Ada.")
+        term.send_line("/bye")
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+    (kept,) = kept_chats(tmp_path)
+    done = piped_chat(smol_path, tmp_path, "What is my name?\n", "--continue")
+    assert done.returncode == 0, done.stderr
+    assert f"continuing the chat kept in {kept} (2 messages)" in done.stderr
+    assert kept_chats(tmp_path) == [kept]
+    assert [m["content"] for m in saved(kept)][::2] == ["My name is Ada.", "What is my name?"]
+
+
+def test_continue_with_no_kept_chat_is_one_line_before_loading(smol_path, tmp_path):
+    done = piped_chat(smol_path, tmp_path, "Hi\n", "--continue")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (
+        f"error: no chat to continue: none is kept in {tmp_path}/home/chats yet"
+    )
+
+
+@pytest.mark.parametrize(("how", "code"), [("SIGTERM", 143), ("hang up", 129)])
+def test_a_kept_chat_ended_mid_answer_keeps_the_answer_so_far(smol_path, tmp_path, how, code):
+    """A closed terminal (SIGHUP) or a kill (SIGTERM) lost the whole conversation."""
+    term = Terminal(chat_argv(smol_path, "-n", "300"), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        term.ask("Hi")
+        term.send_line("Tell me a long story about a dragon.")
+        term.expect(r"dragon\.\n\S.{10}")  # the answer has begun
+        if how == "SIGTERM":
+            os.kill(term.pid, signal.SIGTERM)
+            assert term.exit_code() == code
+        else:
+            os.close(term.fd)  # the terminal goes away: the kernel hangs up on the chat
+            term.exited = True
+            _, status = os.waitpid(term.pid, 0)
+            assert os.waitstatus_to_exitcode(status) == code
+    finally:
+        term.kill()
+    (kept,) = kept_chats(tmp_path)
+    *_, question, story = saved(kept)
+    assert question["content"] == "Tell me a long story about a dragon."
+    assert story["interrupted"] and story["content"]
+
+
+def test_a_chat_that_cannot_be_kept_says_so_once_and_goes_on(smol_path, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "chats").write_text("a file where the folder would be")
+    term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        term.expect(r"^>>> ")
+        term.ask("Hi")
+        term.ask("Bye")
+        term.send_line("/bye")
+        assert term.exit_code() == 0
+    finally:
+        term.kill()
+    assert term.output.count("this chat is not kept") == 1
+    assert "/save FILE keeps it" in term.output
+
+
+def test_only_the_newest_chats_are_kept(tmp_path, monkeypatch):
+    from edgespec.cli import kept_chats as kept
+
+    class Conversation:  # what KeptChat uses of one
+        messages = ("a message",)
+
+        def save(self, path):
+            path.write_text("{}")
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(kept, "KEPT_CHATS", 3)
+    paths = []
+    for i in range(5):
+        chat = kept.KeptChat(Conversation(), print, None)
+        chat.save()
+        paths.append(chat.path)
+        os.utime(chat.path, (1000 + i, 1000 + i))  # in the order they were kept
+    assert len(set(paths[-3:])) == 3  # started in the same second, each a file of its own
+    assert kept._kept(tmp_path / "chats") == paths[-3:]
+    assert kept.latest_chat() == paths[-1]
+
+
 def piped_chat(smol_path, tmp_path, lines: str, *extra: str) -> subprocess.CompletedProcess:
     """`edgespec chat` with `lines` piped in, to its end."""
     argv, env = chat_argv(smol_path, *extra), chat_env(tmp_path)
