@@ -221,6 +221,10 @@ class Model:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._piece_cache: dict[int, bytes] = {}
         self._eog_memo: dict[int, bool] = {}
+        self._control_text_memo: dict[tuple[int, int], bool] = {}
+        # SentencePiece puts a space before text that starts a tokenization, so a text cut in
+        # pieces does not tokenize as it does whole.
+        self.spaces_pieces = ll.llama_vocab_type(self._vocab) == ll.LLAMA_VOCAB_TYPE_SPM
 
     @property
     def name(self) -> str:
@@ -277,6 +281,21 @@ class Model:
         known = self._eog_memo.get(token)
         if known is None:
             known = self._eog_memo[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
+        return known
+
+    def reads_control_tokens(self, text: str) -> bool:
+        """Whether tokenizing `text` with special tokens parsed reads control tokens in it (a
+        chat's `<|im_end|>`), which as text it would not. Remembered for the last texts: a
+        chat renders its whole history for every question (by hash: a text may be a file)."""
+        key = (len(text), hash(text))
+        known = self._control_text_memo.get(key)
+        if known is None:
+            ids = set(self.tokenize(text, add_special=False, parse_special=True))
+            kinds = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
+            known = any(ll.llama_vocab_get_attr(self._vocab, i) & kinds for i in ids)
+            if len(self._control_text_memo) >= 256:
+                self._control_text_memo.clear()
+            self._control_text_memo[key] = known
         return known
 
     def special_tokens(self) -> list[int]:

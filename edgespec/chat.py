@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from datetime import datetime
 from functools import lru_cache
 
@@ -101,6 +103,34 @@ def _reason(error: Exception) -> str:
     if isinstance(error, jinja2.exceptions.TemplateError):
         return str(error)
     return f"{type(error).__name__}: {error}"
+
+
+# Where a message's content goes, in a rendering that marks it: characters of a private-use
+# plane no text a person types holds.
+_MARK = "\U000f0000{}\U000f0001"
+_MARKS = re.compile("(\U000f0000\\d+\U000f0001)")
+
+
+def typed_pieces(
+    template: str, messages: list[Message], text: str, typed: Collection[int], **render_args: str
+) -> list[tuple[str, bool]] | None:
+    """`text`, the messages rendered with the template, cut into the template's own text and
+    the contents of the messages numbered in `typed`, each piece with whether it is one of
+    those: text people typed, whose `<|im_end|>` is text, not the end of a turn. None where
+    the template does not put those contents into `text` as they are (it trims or edits them)."""
+    marked = [
+        {**m, "content": _MARK.format(i)} if i in typed else m for i, m in enumerate(messages)
+    ]
+    skeleton = render(template, marked, **render_args)  # type: ignore[arg-type]
+    pieces = []
+    for i, part in enumerate(_MARKS.split(skeleton)):
+        if i % 2:  # a mark
+            pieces.append((messages[int(part[1:-1])]["content"], True))
+        elif part:
+            pieces.append((part, False))
+    if "".join(piece for piece, _ in pieces) != text:
+        return None
+    return pieces
 
 
 def messages_for(prompt: str, system: str | None = None) -> list[Message]:

@@ -636,17 +636,31 @@ class Engine:
         target = self.target
         bos_text = target.token_text(target.bos).decode(errors="replace")
         eos_text = target.token_text(target.eos).decode(errors="replace")
-        text = chat.render(
-            template,
-            messages,
-            bos_token=bos_text,
-            eos_token=eos_text,
-            add_generation_prompt=add_generation_prompt,
+        render_args = dict(
+            bos_token=bos_text, eos_token=eos_text, add_generation_prompt=add_generation_prompt
         )
+        text = chat.render(template, messages, **render_args)
         self._check_not_surely_too_long(text)
         # The template may write the BOS token itself; adding another would shift the model.
         add_bos = target.add_bos and not text.startswith(bos_text)
-        return target.tokenize(text, add_special=add_bos, parse_special=True)
+        # The template's control tokens are written as text (`<|im_start|>`), read back as
+        # tokens; the same text in a message (a file about chat templates) is text. Only such
+        # messages are tokenized apart: elsewhere a piece boundary may tokenize otherwise. Not
+        # for SentencePiece vocabularies, which put a space before each piece.
+        typed = [
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m.get("content"), str) and target.reads_control_tokens(m["content"])
+        ]
+        pieces = None
+        if typed and not target.spaces_pieces:
+            pieces = chat.typed_pieces(template, messages, text, typed, **render_args)
+        if pieces is None:
+            return target.tokenize(text, add_special=add_bos, parse_special=True)
+        tokens = [target.bos] if add_bos else []
+        for piece, is_typed in pieces:
+            tokens += target.tokenize(piece, add_special=False, parse_special=not is_typed)
+        return tokens
 
     def _check_not_surely_too_long(self, text: str) -> None:
         """Refuse, before tokenizing, a text too long for the context by its size alone.

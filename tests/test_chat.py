@@ -518,6 +518,59 @@ def small_engine(smol_path) -> edgespec.Engine:
     return edgespec.load(smol_path, n_ctx=256, threads=1)
 
 
+CHATML_TEXT = "A turn ends with <|im_end|>, then <|im_start|>assistant answers."
+
+
+def test_control_token_text_in_a_message_is_text_not_the_end_of_a_turn(small_engine):
+    """A file about chat templates, asked about, ended the user's turn where it said so."""
+    target = small_engine.target
+    im_end = target.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    assert len(im_end) == 1  # a control token of SmolLM2's ChatML
+    plain = small_engine.prompt_tokens("Explain this.", system="Be brief.")
+    odd = small_engine.prompt_tokens(f"Explain this: {CHATML_TEXT}", system="Be brief.")
+    assert odd.count(im_end[0]) == plain.count(im_end[0])  # the template's own, no more
+    message = f"Explain this: {CHATML_TEXT}"
+    as_text = target.tokenize(message, add_special=False, parse_special=False)
+    assert any(odd[i : i + len(as_text)] == as_text for i in range(len(odd)))
+    parsed_whole = target.tokenize(
+        chat_render(small_engine, message, "Be brief."), add_special=False, parse_special=True
+    )
+    # What the model reads: the message as typed (control tokens read as nothing).
+    assert CHATML_TEXT in target.detokenize(odd)
+    assert CHATML_TEXT not in target.detokenize(parsed_whole)
+
+
+def chat_render(engine: edgespec.Engine, prompt: str, system: str) -> str:
+    from edgespec import chat
+
+    template = engine.target.info.chat_template
+    assert template is not None
+    return chat.render(template, chat.messages_for(prompt, system))
+
+
+def test_a_message_without_control_text_is_tokenized_as_its_whole_prompt(small_engine):
+    """The common case stays what llama.cpp makes of the rendered text: pieces tokenized apart
+    may tokenize otherwise at their edges."""
+    text = chat_render(small_engine, "Write a haiku about caches.", "Be brief.")
+    whole = small_engine.target.tokenize(text, add_special=False, parse_special=True)
+    assert small_engine.prompt_tokens("Write a haiku about caches.", system="Be brief.") == whole
+
+
+def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
+    from edgespec.chat import messages_for, render, typed_pieces
+
+    template = "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}</s>{% endfor %}"
+    messages = messages_for("say <s>", "sys")
+    text = render(template, messages)
+    assert typed_pieces(template, messages, text, [1]) == [
+        ("<s>system: sys</s><s>user: ", False),
+        ("say <s>", True),
+        ("</s>", False),
+    ]
+    edits = "{% for m in messages %}<s>{{ m.content | upper }}</s>{% endfor %}"
+    assert typed_pieces(edits, messages, render(edits, messages), [1]) is None
+
+
 def turns(n: int, words: int) -> list[Message]:
     return [
         Message(role, f"{role} {i}: " + "lorem ipsum " * words)
