@@ -67,7 +67,8 @@ class KeptChat:
             with contextlib.suppress(OSError):  # made for a first save that failed: no chat
                 if self.path is not None and not self.path.stat().st_size:
                     self.path.unlink()
-            self.say(f"this chat is not kept ({e}); /save FILE keeps it")
+            why = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else e
+            self.say(f"this chat is not kept ({why}); /save FILE keeps it")
 
     def start_new(self) -> None:
         """The conversation was cleared or replaced: what the file holds stays as it is, and
@@ -103,7 +104,8 @@ def remember_typed_lines() -> Callable[[], None]:
 
     def write_back() -> None:
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.touch(mode=0o600)  # as the chats: what a person typed is theirs
             readline.write_history_file(path)
 
     return write_back

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
 from functools import lru_cache
 
@@ -112,16 +112,19 @@ _MARKS = re.compile("(\U000f0000\\d+\U000f0001)")
 
 
 def typed_pieces(
-    template: str, messages: list[Message], text: str, typed: Collection[int], **render_args: str
+    render_messages: Callable[[list[Message]], str],
+    messages: list[Message],
+    text: str,
+    typed: Collection[int],
 ) -> list[tuple[str, bool]] | None:
-    """`text`, the messages rendered with the template, cut into the template's own text and
-    the contents of the messages numbered in `typed`, each piece with whether it is one of
+    """`text`, the messages as `render_messages` renders them, cut into the template's own text
+    and the contents of the messages numbered in `typed`, each piece with whether it is one of
     those: text people typed, whose `<|im_end|>` is text, not the end of a turn. None where
     the template does not put those contents into `text` as they are (it trims or edits them)."""
     marked = [
         {**m, "content": _MARK.format(i)} if i in typed else m for i, m in enumerate(messages)
     ]
-    skeleton = render(template, marked, **render_args)  # type: ignore[arg-type]
+    skeleton = render_messages(marked)
     pieces = []
     for i, part in enumerate(_MARKS.split(skeleton)):
         if i % 2:  # a mark

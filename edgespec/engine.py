@@ -636,10 +636,17 @@ class Engine:
         target = self.target
         bos_text = target.token_text(target.bos).decode(errors="replace")
         eos_text = target.token_text(target.eos).decode(errors="replace")
-        render_args = dict(
-            bos_token=bos_text, eos_token=eos_text, add_generation_prompt=add_generation_prompt
-        )
-        text = chat.render(template, messages, **render_args)
+
+        def rendered(messages: list[chat.Message]) -> str:
+            return chat.render(
+                template,
+                messages,
+                bos_token=bos_text,
+                eos_token=eos_text,
+                add_generation_prompt=add_generation_prompt,
+            )
+
+        text = rendered(messages)
         self._check_not_surely_too_long(text)
         # The template may write the BOS token itself; adding another would shift the model.
         add_bos = target.add_bos and not text.startswith(bos_text)
@@ -654,7 +661,7 @@ class Engine:
         ]
         pieces = None
         if typed and not target.spaces_pieces:
-            pieces = chat.typed_pieces(template, messages, text, typed, **render_args)
+            pieces = chat.typed_pieces(rendered, messages, text, typed)
         if pieces is None:
             return target.tokenize(text, add_special=add_bos, parse_special=True)
         tokens = [target.bos] if add_bos else []

@@ -203,8 +203,9 @@ def test_a_chat_at_a_terminal_is_kept_after_every_answer_and_a_cleared_one_stays
         assert term.exit_code() == 0
     finally:
         term.kill()
-    typed = (tmp_path / "home" / "typed-lines").read_text()
-    assert "What is 2+2?" in typed and "/clear" in typed  # for the next chat's up arrow
+    typed = tmp_path / "home" / "typed-lines"
+    assert "What is 2+2?" in typed.read_text() and "/clear" in typed.read_text()  # for ↑
+    assert stat.S_IMODE(typed.stat().st_mode) == 0o600
 
 
 def test_continue_takes_up_the_latest_kept_chat_and_keeps_it_in_the_same_file(smol_path, tmp_path):
@@ -562,13 +563,14 @@ def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
     template = "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}</s>{% endfor %}"
     messages = messages_for("say <s>", "sys")
     text = render(template, messages)
-    assert typed_pieces(template, messages, text, [1]) == [
+    assert typed_pieces(lambda ms: render(template, ms), messages, text, [1]) == [
         ("<s>system: sys</s><s>user: ", False),
         ("say <s>", True),
         ("</s>", False),
     ]
     edits = "{% for m in messages %}<s>{{ m.content | upper }}</s>{% endfor %}"
-    assert typed_pieces(edits, messages, render(edits, messages), [1]) is None
+    edited = render(edits, messages)
+    assert typed_pieces(lambda ms: render(edits, ms), messages, edited, [1]) is None
 
 
 def turns(n: int, words: int) -> list[Message]:
