@@ -34,13 +34,22 @@ def _fail(message: str, exit_code: int = 1) -> NoReturn:
 
 @models_app.command("list")
 def list_models() -> None:
-    """Show every catalogue model: size, whether it is fetched, what it is."""
-    table = Table("name", "size (MiB)", "fetched", "description")
-    table.columns[1].justify = "right"
+    """Show every catalogue model: size, whether it is fetched, the room taken by the copies
+    edgespec made of it (a draft's faster forms), what it is."""
+    table = Table("name", "size (MiB)", "fetched", "copies (MiB)", "description")
+    table.columns[1].justify = table.columns[3].justify = "right"
     for s in catalogue.specs().values():
         fetched = "yes" if catalogue.is_fetched(s.name) else "no"
-        table.add_row(s.name, f"{s.size / 2**20:.0f}", fetched, s.description)
+        # A draft's copies (made on first use) can take more room than the draft itself.
+        copies = sum(p.stat().st_size for p in catalogue.made_from(model_file(s.name)))
+        shown = f"{copies / 2**20:.0f}" if copies else ""
+        table.add_row(s.name, f"{s.size / 2**20:.0f}", fetched, shown, s.description)
     Console().print(table)
+
+
+def model_file(name: str) -> Path:
+    """Where a catalogue model is, or would be, fetched to."""
+    return catalogue.models_dir() / catalogue.spec(name).filename
 
 
 @models_app.command()
@@ -101,3 +110,31 @@ def path(name: Annotated[str, typer.Argument(help="A catalogue name.")]) -> None
     if local is None:
         _fail(f"model {name!r} is not fetched; run: edgespec models fetch {name}")
     typer.echo(str(local))
+
+
+@models_app.command("rm")
+def remove(
+    names: Annotated[list[str], typer.Argument(help="Names from `edgespec models list`.")],
+) -> None:
+    """Delete fetched models and the copies edgespec made of them, to free their room; a model
+    deleted is fetched again when it is next needed."""
+    try:
+        files = {name: model_file(name) for name in names}  # every name checked first
+    except EdgespecError as e:
+        _fail(str(e), e.exit_code)
+    missing = []
+    for name, model in files.items():
+        copies = catalogue.made_from(model)
+        doomed = ([model] if model.is_file() else []) + copies
+        if not doomed:
+            missing.append(name)
+            continue
+        freed = sum(path.stat().st_size for path in doomed)
+        for path in doomed:
+            path.unlink()
+        what = ["the model"] if doomed[0] == model else []
+        if copies:
+            what.append(f"{len(copies)} cop{'y' if len(copies) == 1 else 'ies'} made of it")
+        typer.echo(f"removed {name}: {' and '.join(what)}, {freed / 2**20:.0f} MiB freed")
+    if missing:
+        _fail(f"not fetched, nothing to remove: {', '.join(missing)}")

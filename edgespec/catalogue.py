@@ -111,6 +111,20 @@ def local_path(name: str) -> Path | None:
     return path if path.is_file() and path.stat().st_size == s.size else None
 
 
+def made_from(model: Path) -> list[Path]:
+    """The files edgespec made next to a fetched model, by their names: a draft's Q4_0 copy,
+    copies narrowed to frequent tokens, the record of which runs fastest here (drafts.py,
+    draft_head.py), and the copies an older edgespec made."""
+    stem = re.escape(model.stem)
+    made = re.compile(
+        rf"{stem}(\.q4_0-all)?(\.head\d+k)?\.gguf|{stem}\.(draft-choice\.json|requant-q4_0\.gguf)"
+    )
+    try:
+        return sorted(p for p in model.parent.iterdir() if p != model and made.fullmatch(p.name))
+    except OSError:  # no models folder yet
+        return []
+
+
 def is_fetched(name: str) -> bool:
     return local_path(name) is not None
 

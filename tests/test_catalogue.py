@@ -272,6 +272,57 @@ def test_models_list_shows_every_model_and_whether_it_is_fetched():
     assert fetched == {**dict.fromkeys(EXPECTED_SIZES, "no"), "gemma3-270m": "yes"}
 
 
+def copies_of(model: Path) -> list[Path]:
+    """What edgespec makes next to a draft, under the names its makers give them."""
+    from edgespec.draft_head import narrowed_path
+    from edgespec.drafts import OLD_COPY_SUFFIXES, choice_path, copy_path
+
+    old = [model.with_name(model.stem + suffix) for suffix in OLD_COPY_SUFFIXES]
+    made = [copy_path(model), narrowed_path(copy_path(model)), narrowed_path(model),
+            narrowed_path(model, 16384), choice_path(model), *old]  # fmt: skip
+    for i, path in enumerate(made):
+        path.write_bytes(b"x" * (i + 1) * 2**20)
+    return sorted(made)
+
+
+def test_made_from_names_every_copy_edgespec_makes_of_a_model_and_nothing_else():
+    draft = fake_fetched("qwen2.5-coder-0.5b")
+    target = fake_fetched("qwen2.5-coder-1.5b")
+    made = copies_of(draft)
+    (draft.parent / f"{draft.stem}.notes.txt").write_text("a file of the user's")
+    assert catalogue.made_from(draft) == made
+    assert catalogue.made_from(target) == []
+
+
+def test_models_list_shows_the_room_the_copies_of_a_model_take():
+    copies_of(fake_fetched("qwen2.5-coder-0.5b"))  # 1 + 2 + ... + 6 MiB
+    row = next(line for line in run("list").stdout.splitlines() if "qwen2.5-coder-0.5b" in line)
+    assert row.split("│")[3:5] == [" yes     ", f"{21:>13} "]
+
+
+def test_models_rm_deletes_a_model_and_its_copies_and_says_the_room_freed():
+    draft = fake_fetched("qwen2.5-coder-0.5b")
+    copies_of(draft)
+    target = fake_fetched("qwen2.5-coder-1.5b")
+    result = run("rm", "qwen2.5-coder-0.5b")
+    assert result.exit_code == 0, result.stderr
+    freed = (catalogue.spec("qwen2.5-coder-0.5b").size + 21 * 2**20) / 2**20
+    assert result.stdout == (
+        f"removed qwen2.5-coder-0.5b: the model and 6 copies made of it, {freed:.0f} MiB freed\n"
+    )
+    assert sorted(draft.parent.iterdir()) == [target]
+
+
+def test_models_rm_checks_every_name_first_and_fails_on_one_not_fetched():
+    target = fake_fetched("qwen2.5-coder-1.5b")
+    result = run("rm", "qwen2.5-coder-1.5b", "no-such-model")
+    assert result.exit_code == 1 and target.exists()
+    assert result.stderr.startswith("error: unknown model 'no-such-model'")
+    result = run("rm", "qwen2.5-coder-1.5b", "gemma3-270m")
+    assert result.exit_code == 1 and not target.exists()
+    assert result.stderr == "error: not fetched, nothing to remove: gemma3-270m\n"
+
+
 def test_models_path_prints_the_path_of_a_fetched_model():
     path = fake_fetched("smollm2-135m")
     result = run("path", "smollm2-135m")
