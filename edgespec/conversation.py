@@ -133,8 +133,8 @@ class Conversation:
         tokens, start = self._fitted(messages, room, self.in_context)
         if len(tokens) >= self.engine.n_ctx:
             raise ContextOverflowError(
-                f"the message needs {len(tokens)} tokens but the context holds "
-                f"{self.engine.n_ctx}; use a larger --ctx-size or a shorter message"
+                f"the message needs {len(tokens):,} tokens but the context holds "
+                f"{self.engine.n_ctx}; {self.engine.room_for(len(tokens))} message"
             )
         stream = self.engine.stream(tokens, **gen_options)  # validates the options
         # Only now: a failed ask leaves the conversation as it was.

@@ -127,6 +127,7 @@ PASS_FACTOR_TOLERANCE = 0.05
 N_SEQ_MAX = 16  # sequence ids per context: room for a tree's branches
 MAX_NODES = 128  # largest tree: one verification batch
 DEFAULT_CTX = 2048  # tokens of context when none is asked for
+ANSWER_ROOM = 512  # tokens of answer a --ctx-size suggested for a prompt leaves room for
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: llama.cpp aborts above it
 LLMCAD_ALPHA0 = 0.01  # LLMCad's first alpha, adapted after every verification
 FIXED_ALPHA = 0.3  # verify once the best branch is less likely than this to be accepted in full
@@ -623,10 +624,23 @@ class Engine:
             tokens = self.target.tokenize(prompt, add_special=True, parse_special=False)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
-                "use a larger --ctx-size or a shorter prompt"
+                f"the prompt has {len(tokens):,} tokens but the context holds {self.n_ctx}; "
+                f"{self.room_for(len(tokens))} prompt"
             )
         return tokens
+
+    def room_for(self, n_tokens: int) -> str:
+        """What to do about `n_tokens` that do not fit the context: the --ctx-size that holds
+        them and an answer (a person cannot guess it from a file's size), else the most the
+        target was trained for, else nothing but a shorter text (the caller's noun follows)."""
+        trained = self.target.n_ctx_train
+        enough = -(-(n_tokens + ANSWER_ROOM) // 1024) * 1024
+        if trained <= 0 or enough <= trained:
+            return f"use --ctx-size {enough} or a shorter"
+        if n_tokens < trained:
+            name = self.target.path.name
+            return f"use --ctx-size {trained} (what {name} was trained for) or a shorter"
+        return f"{self.target.path.name} holds at most {trained} tokens: use a shorter"
 
     def chat_tokens(
         self, template: str, messages: list[chat.Message], add_generation_prompt: bool = True
@@ -685,7 +699,7 @@ class Engine:
         if least >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has at least {least:,} tokens ({n_chars:,} characters) but the "
-                f"context holds {self.n_ctx}; use a larger --ctx-size or a shorter prompt"
+                f"context holds {self.n_ctx}; {self.room_for(least)} prompt"
             )
 
     # ----- generation ----------------------------------------------------------------------

@@ -1004,9 +1004,20 @@ def test_a_question_whose_prompt_fills_the_context_is_refused_naming_the_flag(sm
     the chat's words, not by the engine's check ("a larger n_ctx")."""
     conversation = Conversation(small_engine)
     question = words_filling(conversation, small_engine.n_ctx, [])
-    with pytest.raises(ContextOverflowError, match="use a larger --ctx-size or a shorter message"):
+    with pytest.raises(ContextOverflowError, match="use --ctx-size 1024 or a shorter message"):
         conversation.ask(question, max_tokens=8)
     assert conversation.messages == []
+
+
+def test_an_overflow_names_the_context_that_holds_the_text_up_to_what_the_model_was_trained_for(
+    small_engine,
+):
+    trained, name = small_engine.target.n_ctx_train, small_engine.target.path.name
+    assert small_engine.room_for(300) == "use --ctx-size 1024 or a shorter"  # and 512 to answer
+    assert small_engine.room_for(trained - 100) == (
+        f"use --ctx-size {trained} (what {name} was trained for) or a shorter"
+    )
+    assert small_engine.room_for(trained) == f"{name} holds at most {trained} tokens: use a shorter"
 
 
 def test_a_prompt_and_the_room_for_its_answer_may_fill_the_context_exactly(small_engine):

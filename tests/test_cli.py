@@ -248,6 +248,19 @@ def test_stdin_is_read_once(capsys, smol_path, args):
     one_line_error(code, err, "stdin can be read once: give '-' as the prompt or one --file")
 
 
+def test_a_file_too_long_for_the_context_is_told_the_ctx_size_that_holds_it(
+    capsys, smol_path, tmp_path
+):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting moved to Thursday at 10:00 in room 4.\n" * 100)
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "4", "-f", str(notes), "When?"]
+    code, _, err = cli(capsys, *args, "-c", "512")
+    one_line_error(code, err, "but the context holds 512; use --ctx-size ")
+    suggested = err.split("use --ctx-size ")[1].split()[0]
+    code, out, _ = cli(capsys, *args, "-c", suggested)
+    assert code == 0 and out.strip()
+
+
 def test_each_line_asks_about_the_same_files_and_reuses_their_cache(capsys, smol_path, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("The meeting moved to Thursday at 10:00 in room 4. Bring the budget.\n" * 3)
@@ -280,8 +293,10 @@ def test_each_line_of_stdin_is_answered_before_the_next_is_read(smol_path):
 
 
 def test_each_line_marks_a_prompt_too_long_for_the_context_and_answers_the_others(
-    capsys, smol_path
+    capsys, smol_path, monkeypatch
 ):
+    # No first-use profile's note on stderr (run alone, no earlier test had stored one).
+    monkeypatch.setattr("edgespec.engine.Engine.profile_if_missing", lambda self, say: None)
     long = "word " * 400
     code, out, err = cli(capsys, "run", "-m", str(smol_path), "-n", "4", "-c", "256",
                          "--each-line", f"Hi\n{long}\nBye")  # fmt: skip
