@@ -458,6 +458,9 @@ class Repl:
             print(f"{name}: {shown(name, value)}")
         print(f"system: {visible(self.conversation.system or '(none)')}")
         print(f"context: {self.conversation.context_used()}/{engine.n_ctx} tokens")
+        if self.kept is not None and not self.kept.failed:
+            where = self.kept.path or f"a new file in {chats_dir()}, from the next answer on"
+            print(f"kept in: {where}")
 
     def print_stats(self) -> None:
         stats = self.conversation.last_stats

@@ -50,7 +50,11 @@ def ended_by_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # no signals there
         yield
         return
-    before = {signum: signal.signal(signum, end) for signum in (signal.SIGHUP, signal.SIGTERM)}
+    before = {
+        signum: signal.signal(signum, end)
+        for signum in (signal.SIGHUP, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN  # `nohup edgespec chat` stays up
+    }
     try:
         yield
     finally:

@@ -188,8 +188,10 @@ def test_a_chat_at_a_terminal_is_kept_after_every_answer_and_a_cleared_one_stays
     try:
         term.expect(r"^>>> ")
         assert kept_chats(tmp_path) == []  # nothing asked, nothing kept
+        assert f"kept in: a new file in {tmp_path}/home/chats" in term.command("/show")
         term.ask("Hi")
         (first,) = kept_chats(tmp_path)
+        assert f"kept in: {first}" in term.command("/show")
         assert [m["content"] for m in saved(first)][::2] == ["Hi"]
         assert stat.S_IMODE(first.stat().st_mode) == 0o600  # what a person asked is theirs
         term.ask("What is 2+2?")
@@ -256,6 +258,19 @@ def test_a_kept_chat_ended_mid_answer_keeps_the_answer_so_far(smol_path, tmp_pat
     *_, question, story = saved(kept)
     assert question["content"] == "Tell me a long story about a dragon."
     assert story["interrupted"] and story["content"]
+
+
+def test_a_hang_up_ignored_by_nohup_stays_ignored_in_a_kept_chat():
+    from edgespec.cli.signals import ended_by_signals
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with ended_by_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM))  # ends the chat, keeping it
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_a_chat_that_cannot_be_kept_says_so_once_and_goes_on(smol_path, tmp_path):
