@@ -483,7 +483,19 @@ def run(
         answer_each_line(engine, settings, prompts, chat, options, attached)
         return
     # A prompt longer than the context fails here, before a first use's measuring.
-    stream = engine.stream(with_files(text, attached), chat=chat, **options)
+    text = with_files(text, attached)
+    try:
+        stream = engine.stream(text, chat=chat, **options)
+    except ContextOverflowError as overflow:
+        n_ctx = context_for(overflow, engine, settings)
+        if n_ctx is None:
+            raise
+        note(
+            f"the prompt has {overflow.needed:,} tokens, more than the default context holds: "
+            f"using one of {n_ctx} (--ctx-size sets it)"
+        )
+        engine = engine.with_context(n_ctx)
+        stream = engine.stream(text, chat=chat, **options)
     profile_if_needed(engine, settings)
     try:
         result = finish(stream, None if as_json else write_now)
@@ -502,6 +514,26 @@ def run(
         err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
         if verbose:
             err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
+
+
+def context_for(overflow: ContextOverflowError, engine: Engine, settings: Settings) -> int | None:
+    """A context for a prompt too long for the default one (a file given with it, as a rule):
+    the prompt and its answer, in whole thousands of tokens, at most what the target was trained
+    for, where the memory free holds the larger KV caches; None where the size was chosen
+    (flag, environment, config.toml) or none would do, and the overflow's error stands."""
+    if settings.source("ctx_size") != "default" or overflow.needed is None:
+        return None
+    n_ctx = -(-(overflow.needed + settings.max_tokens) // 1024) * 1024
+    if (trained := engine.target.n_ctx_train) > 0:
+        n_ctx = min(n_ctx, trained)
+    if n_ctx <= overflow.needed:
+        return None
+    from edgespec.memory import free_memory, memory_need
+
+    infos = engine.target.info, engine.draft.info if engine.draft else None
+    more = memory_need(*infos, n_ctx).kv_cache - memory_need(*infos, engine.n_ctx).kv_cache
+    free = free_memory()
+    return None if free is not None and more > free.available else n_ctx
 
 
 def finish(stream: Stream, write: Callable[[str], object] | None) -> Result:

@@ -470,6 +470,29 @@ class Engine:
             if model is not None:
                 model.close()
 
+    def with_context(self, n_ctx: int) -> Engine:
+        """An engine of the same models and settings whose contexts hold `n_ctx` tokens (for a
+        prompt this one cannot hold), without loading the models again; this one is closed,
+        its models left to the new one."""
+        check_ctx_size(n_ctx, self.target.n_ctx_train, self.target.path)
+        with self._one_thread():
+            if self._open is not None:
+                self._end_open_stream()
+            self._closed = True
+        for ctx in (self.draft_ctx, self.target_ctx):
+            if ctx is not None:
+                ctx.close()  # its KV cache freed before the larger one is made
+        return Engine(
+            self.target,
+            self.draft,
+            n_ctx=n_ctx,
+            threads=self.threads,
+            draft_threads=self.draft_threads,
+            placement=self.placement,
+            pipeline=self.pipeline,
+            adapt_threads=self.adapt_threads,
+        )
+
     def __enter__(self) -> Engine:
         return self
 
@@ -625,7 +648,8 @@ class Engine:
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(tokens):,} tokens but the context holds {self.n_ctx}; "
-                f"{self.room_for(len(tokens))} prompt"
+                f"{self.room_for(len(tokens))} prompt",
+                needed=len(tokens),
             )
         return tokens
 

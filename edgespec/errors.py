@@ -23,6 +23,10 @@ class IncompatibleModelsError(EdgespecError):
 class ContextOverflowError(EdgespecError):
     """The prompt does not fit into the context window."""
 
+    def __init__(self, message: str, needed: int | None = None):
+        super().__init__(message)
+        self.needed = needed  # the prompt's tokens, where they were counted
+
 
 class BadSettingError(EdgespecError):
     """An option has a value outside its range."""

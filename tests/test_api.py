@@ -103,3 +103,18 @@ def test_a_failed_decode_is_said_as_such_not_as_a_thread_governors_division(plai
     assert plain_engine.target_ctx.governor is not None
     with pytest.raises(RuntimeError, match="llama_decode failed"):
         plain_engine.target_ctx.decode([], 0)
+
+
+def test_an_engine_with_a_larger_context_keeps_its_models_and_the_old_one_is_closed(smol_path):
+    engine = edgespec.load(smol_path, smol_path, n_ctx=256, threads=1)
+    long_prompt = "word " * 400
+    with pytest.raises(edgespec.ContextOverflowError) as overflow:
+        engine.generate(long_prompt, max_tokens=4, chat=False)
+    assert overflow.value.needed is not None and overflow.value.needed > 256
+    larger = engine.with_context(1024)
+    assert larger.target is engine.target and larger.draft is engine.draft  # not loaded again
+    assert larger.n_ctx == 1024
+    assert larger.generate(long_prompt, max_tokens=4, chat=False).stats.n_generated == 4
+    with pytest.raises(EdgespecError, match="closed"):
+        engine.generate(PROMPT, max_tokens=4)
+    larger.close()

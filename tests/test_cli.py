@@ -261,6 +261,30 @@ def test_a_file_too_long_for_the_context_is_told_the_ctx_size_that_holds_it(
     assert code == 0 and out.strip()
 
 
+def test_a_prompt_longer_than_the_default_context_gets_one_that_holds_it_and_its_answer(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    from edgespec import memory
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting moved to Thursday at 10:00 in room 4.\n" * 130)
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "8", "--json", "-f", str(notes)]
+    code, out, err = cli(capsys, *args, "When is the meeting?")
+    assert code == 0, err
+    n_prompt = json.loads(out)["stats"]["n_prompt_tokens"]
+    assert 2048 < n_prompt < 3072 - 8  # a context of 3072 holds it and the 8 of the answer
+    assert f"the prompt has {n_prompt:,} tokens" in err and "using one of 3072" in err
+    monkeypatch.setenv("EDGESPEC_CTX_SIZE", "2048")  # a size chosen is kept
+    code, _, err = cli(capsys, *args, "When is the meeting?")
+    one_line_error(code, err, "but the context holds 2048; use --ctx-size 3072")
+    monkeypatch.delenv("EDGESPEC_CTX_SIZE")
+    from .test_memory import meminfo
+
+    monkeypatch.setattr(memory, "MEMINFO", meminfo(tmp_path, available_mib=1))  # no room
+    code, _, err = cli(capsys, *args, "When is the meeting?")
+    assert code == 1 and "but the context holds 2048" in err.splitlines()[-1]
+
+
 def test_each_line_asks_about_the_same_files_and_reuses_their_cache(capsys, smol_path, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("The meeting moved to Thursday at 10:00 in room 4. Bring the budget.\n" * 3)
