@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from edgespec.config import CHOICES, Settings, parse_value
-from edgespec.errors import BadSettingError, EdgespecError
+from edgespec.errors import BadSettingError, ContextOverflowError, EdgespecError
 from edgespec.files import user_path
 from edgespec.text import valid_text
 
@@ -294,7 +294,13 @@ class Repl:
         # Asked before waiting for the draft (only the target's tokenizer is used): a Ctrl+C
         # during the wait then keeps the question, with an empty answer cut short.
         files, self.attached = self.attached, []
-        reply = self.conversation.ask(with_files(text, files), **self.generation_options())
+        text = with_files(text, files)
+        try:
+            reply = self.conversation.ask(text, **self.generation_options())
+        except ContextOverflowError as overflow:
+            if not self.grow_context(overflow):
+                raise
+            reply = self.conversation.ask(text, **self.generation_options())
         if reply.dropped:
             err.print(
                 f"[dim]the oldest {reply.dropped} turn(s) no longer fit the context: the model no "
@@ -325,6 +331,24 @@ class Repl:
             summary = f"{stats.summary()}, context {self.conversation.context_used()}/{n_ctx}"
             err.print(f"[dim]{summary}[/dim]", soft_wrap=True)
         self.catch_up_while_idle()
+
+    def grow_context(self, overflow: ContextOverflowError) -> bool:
+        """A message too long for the default context (a file with it, as a rule) gets one that
+        holds it and its answer, as `run` gives a long prompt (app.context_for); the
+        conversation goes on in it, re-evaluated once. False where none would do."""
+        from .app import context_for
+
+        engine = self.conversation.engine
+        n_ctx = context_for(overflow, engine, self.settings)
+        if n_ctx is None:
+            return False
+        self.settle()  # the draft's catching up uses the contexts about to be replaced
+        note(
+            f"the message needs {overflow.needed:,} tokens, more than the default context "
+            f"holds: the chat goes on in one of {n_ctx} (--ctx-size sets it)"
+        )
+        self.conversation.engine = engine.with_context(n_ctx)
+        return True
 
     def keep(self) -> None:
         if self.kept is not None:

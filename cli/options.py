@@ -105,8 +105,8 @@ CtxSize = Annotated[
         "-c",
         help="Context size in tokens, at most what the target was trained for (a draft "
         "trained for fewer is noted on stderr: it drafts worse past that) "
-        f"[default: {Settings.ctx_size}, or less for a model trained for less; run: what a "
-        "longer prompt and its answer need, where memory allows]",
+        f"[default: {Settings.ctx_size}, or less for a model trained for less; more where a "
+        "longer prompt or message and its answer need it and memory allows]",
     ),
 ]
 DraftMax = Annotated[

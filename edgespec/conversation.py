@@ -134,7 +134,8 @@ class Conversation:
         if len(tokens) >= self.engine.n_ctx:
             raise ContextOverflowError(
                 f"the message needs {len(tokens):,} tokens but the context holds "
-                f"{self.engine.n_ctx}; {self.engine.room_for(len(tokens))} message"
+                f"{self.engine.n_ctx}; {self.engine.room_for(len(tokens))} message",
+                needed=len(tokens),
             )
         stream = self.engine.stream(tokens, **gen_options)  # validates the options
         # Only now: a failed ask leaves the conversation as it was.

@@ -414,6 +414,20 @@ def test_chat_file_flags_go_before_the_first_message(smol_path, tmp_path):
     assert [m["content"] for m in saved(saved_to)][::2] == [first, "Thanks."]
 
 
+def test_a_message_longer_than_the_default_context_gets_one_that_holds_it(smol_path, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting moved to Thursday at 10:00 in room 4.\n" * 130)
+    argv = [sys.executable, "-m", "edgespec.cli", "chat", "-m", str(smol_path), "--mode",
+            "target", "-n", "8", "-t", "1", "-f", str(notes)]  # fmt: skip
+    lines = "When is the meeting?\nThanks.\n/show\n"
+    env = chat_env(tmp_path)
+    done = subprocess.run(argv, input=lines, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "more than the default context holds: the chat goes on in one of 3072" in done.stderr
+    assert len(re.findall(STATS_LINE, done.stderr)) == 2  # both answered
+    assert re.search(r"^context: \d+/3072 tokens$", done.stdout, re.MULTILINE)
+
+
 def test_chat_refuses_a_file_flag_it_cannot_read_before_loading(smol_path, tmp_path):
     for flag, error in [(str(tmp_path), "is a directory"), ("-", "chat reads its messages")]:
         done = piped_chat(smol_path, tmp_path, "Hi\n", "-f", flag)
