@@ -414,6 +414,7 @@ def run(
         typer.Option(
             "--file",
             "-f",
+            metavar="<Path>",
             help="A file whose text goes before the prompt ('-': stdin's), fenced under its "
             'name (repeatable): `edgespec run -f app.py "Add type hints"`',
             parser=opt.path,

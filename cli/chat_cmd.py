@@ -86,6 +86,7 @@ def chat(
         typer.Option(
             "--file",
             "-f",
+            metavar="<Path>",
             help="A file whose text goes before the first message, as /file puts it (repeatable)",
             parser=opt.path,
         ),
