@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
+import os
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -151,6 +154,10 @@ def chat(
     repl.attached = attached
     repl.run()
     if repl.ended_by is not None:
+        # What is left in stdout's buffer cannot reach a terminal that went away: flushed at
+        # exit, it would fail and turn the exit status into Python's 120.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         raise typer.Exit(repl.ended_by)
     if repl.failures and not repl.interactive:  # a script must learn that its /save failed
         raise EdgespecError(
@@ -217,11 +224,19 @@ class Repl:
         write_typed_lines = remember_typed_lines() if self.interactive else lambda: None
         signals = ended_by_signals() if self.kept is not None else contextlib.nullcontext()
         try:
-            with signals:
-                self.loop()
-        except Ended as e:
-            self.ended_by = e.exit_code
-            self.keep()
+            with signals:  # kept through the save: a second signal then is ignored
+                try:
+                    self.loop()
+                except Ended as e:
+                    self.ended_by = e.exit_code
+                except OSError as e:
+                    # The terminal went away mid-answer and the write failed before its
+                    # SIGHUP came: the same end.
+                    if e.errno != errno.EIO or self.kept is None:
+                        raise
+                    self.ended_by = 128 + signal.SIGHUP
+                if self.ended_by is not None:
+                    self.keep()
         finally:
             self.settle()
             write_typed_lines()
@@ -313,7 +328,7 @@ class Repl:
             for piece in reply:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-        except Ended:
+        except (Ended, OSError):
             reply.close()  # now, not when the traceback lets the generator go
             raise
         except KeyboardInterrupt:

@@ -44,8 +44,13 @@ class Ended(BaseException):
 def ended_by_signals() -> Iterator[None]:
     """SIGHUP and SIGTERM raise Ended inside: the chat keeps what it has before it exits."""
 
+    ending = False
+
     def end(signum: int, frame: object) -> None:
-        raise Ended(signum)
+        nonlocal ending
+        if not ending:  # once: the terminal's SIGHUP after a SIGTERM must not cut the save short
+            ending = True
+            raise Ended(signum)
 
     if threading.current_thread() is not threading.main_thread():  # no signals there
         yield

@@ -273,6 +273,44 @@ def test_a_hang_up_ignored_by_nohup_stays_ignored_in_a_kept_chat():
         signal.signal(signal.SIGHUP, before)
 
 
+def test_a_terminal_gone_before_its_hang_up_came_ends_a_kept_chat_as_the_hang_up_would(
+    small_engine, tmp_path, monkeypatch
+):
+    """Closing the terminal fails the answer's next write (EIO), often before the SIGHUP: the
+    chat ended as an error, its last question and answer unsaved."""
+    import errno as errnos
+    import io
+
+    from edgespec.cli.chat_cmd import Repl
+    from edgespec.cli.kept_chats import KeptChat
+    from edgespec.config import Settings
+
+    class GoneTerminal(io.StringIO):
+        def write(self, text: str) -> int:
+            if len(asked) == 2:  # the second answer's first piece
+                raise OSError(errnos.EIO, "Input/output error")
+            return super().write(text)
+
+    asked: list[str] = []
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    conversation = Conversation(small_engine)
+    kept = KeptChat(conversation, print, None)
+    repl = Repl(conversation, Settings(max_tokens=16), False, kept)
+    lines = iter(["Hi", "Tell me a story."])
+
+    def read_line(prompt: str) -> str:
+        line = next(lines)
+        asked.append(line)
+        return line
+
+    repl.read_line = read_line  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stdout", GoneTerminal())
+    repl.run()
+    assert repl.ended_by == 128 + signal.SIGHUP
+    *_, question, answer = saved(kept.path)
+    assert question["content"] == "Tell me a story." and answer["interrupted"]
+
+
 def test_a_chat_that_cannot_be_kept_says_so_once_and_goes_on(smol_path, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
