@@ -409,17 +409,7 @@ def run(
     adaptive_alpha: opt.AdaptiveAlpha = None,
     ngram: opt.Ngram = True,
     calibrated: opt.Calibrated = True,
-    files: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--file",
-            "-f",
-            metavar="<Path>",
-            help="A file whose text goes before the prompt ('-': stdin's), fenced under its "
-            'name (repeatable): `edgespec run -f app.py "Add type hints"`',
-            parser=opt.path,
-        ),
-    ] = None,
+    files: opt.Files = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of streaming")
     ] = False,

@@ -84,16 +84,7 @@ def chat(
             parser=opt.path,
         ),
     ] = None,
-    files: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--file",
-            "-f",
-            metavar="<Path>",
-            help="A file whose text goes before the first message, as /file puts it (repeatable)",
-            parser=opt.path,
-        ),
-    ] = None,
+    files: opt.Files = None,
     continue_: Annotated[
         bool,
         typer.Option(

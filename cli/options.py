@@ -164,3 +164,14 @@ AdaptiveAlpha = Annotated[
         "[default: fixed on calibrated confidences, adaptive on raw ones]",
     ),
 ]
+Files = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--file",
+        "-f",
+        metavar="<Path>",
+        help="A file whose text goes before the prompt (chat: the first message), fenced under "
+        "its name; repeatable; run: '-' is stdin's",
+        parser=path,
+    ),
+]
