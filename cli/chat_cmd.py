@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -105,6 +106,7 @@ def chat(
         draft_named_or_default,
         generation_options,
         load_engine,
+        note,
         resolve,
         resolve_model,
         sources_named,
@@ -139,10 +141,9 @@ def chat(
     conversation = Conversation(engine, settings.system, template, inputs)
     interactive = sys.stdin.isatty()
     if continued is not None:
-        take_up(conversation, continued, settings)
+        take_up(conversation, continued, settings, note)
     kept = KeptChat(conversation, note, continued) if interactive or continued else None
-    repl = Repl(conversation, settings, interactive, kept)
-    repl.attached = attached
+    repl = Repl(conversation, settings, interactive, kept, attached)
     repl.run()
     if repl.ended_by is not None:
         # What is left in stdout's buffer cannot reach a terminal that went away: flushed at
@@ -174,7 +175,9 @@ def read_template(path: Path) -> str:
         raise EdgespecError(f"the chat template {path} is not UTF-8 text") from None
 
 
-def take_up(conversation: Conversation, path: Path, settings: Settings) -> None:
+def take_up(
+    conversation: Conversation, path: Path, settings: Settings, note: Callable[[str], None]
+) -> None:
     """Continue the kept chat in `path` (--continue); a --system typed now replaces its own."""
     out_of_view = conversation.load(path)
     if settings.system is not None and settings.source("system") == "flag":
@@ -187,10 +190,6 @@ def take_up(conversation: Conversation, path: Path, settings: Settings) -> None:
         )
 
 
-def note(line: str) -> None:
-    err.print(line, style="dim", markup=False, soft_wrap=True)
-
-
 class Repl:
     def __init__(
         self,
@@ -198,6 +197,7 @@ class Repl:
         settings: Settings,
         interactive: bool,
         kept: KeptChat | None = None,
+        attached: list[tuple[str, str]] | None = None,
     ):
         self.conversation = conversation
         self.settings = settings
@@ -206,7 +206,8 @@ class Repl:
         self.ended_by: int | None = None  # the exit code of a SIGHUP or SIGTERM that ended it
         self.catching_up: threading.Event | None = None  # set once the draft has caught up
         self.failures = 0  # messages and commands refused with an error line
-        self.attached: list[tuple[str, str]] = []  # (name, text) of files for the next message
+        # (name, text) of the files for the next message (--file, /file)
+        self.attached: list[tuple[str, str]] = attached or []
 
     def run(self) -> None:
         """Read and answer until /bye, the input's end, or (for a kept chat) SIGHUP or SIGTERM,
@@ -343,7 +344,7 @@ class Repl:
         """A message too long for the default context (a file with it, as a rule) gets one that
         holds it and its answer, as `run` gives a long prompt (app.context_for); the
         conversation goes on in it, re-evaluated once. False where none would do."""
-        from .app import context_for
+        from .app import context_for, note
 
         engine = self.conversation.engine
         n_ctx = context_for(overflow, engine, self.settings)

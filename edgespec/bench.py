@@ -48,7 +48,6 @@ from .engine import (
 )
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .gguf_info import read_gguf
-from .memory import free_memory, memory_need, shortage
 from .sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
@@ -794,13 +793,18 @@ def run_bench(
     SamplingParams(temperature=temperature)  # a bad one is refused as by `edgespec run`
     target, draft = Path(target), Path(draft) if draft is not None else None
     modes = checked_modes(modes, has_draft=draft is not None)
-    target_info, draft_info = read_gguf(target), read_gguf(draft) if draft else None
     if n_ctx is None:
-        n_ctx = min(BENCH_CTX, target_info.context_length or BENCH_CTX)
-    if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory(), BENCH_REMEDY):
-        say(short)
+        n_ctx = min(BENCH_CTX, read_gguf(target).context_length or BENCH_CTX)
     # -t for both models; without it each takes one thread per CPU of its own, as in `run`.
-    engine = load(target, draft, n_ctx=n_ctx, threads=threads, draft_threads=threads)
+    engine = load(
+        target,
+        draft,
+        n_ctx=n_ctx,
+        threads=threads,
+        draft_threads=threads,
+        say=say,
+        remedy=BENCH_REMEDY,
+    )
     threads = engine.threads
     prompt_tokens = {}
     for p in prompts:  # before a first use's profile: a prompt that cannot run fails first

@@ -36,7 +36,7 @@ from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelF
 from .files import user_path
 from .gguf_info import GGUFInfo, check_generates, check_pair, read_gguf
 from .governor import ThreadGovernor
-from .memory import free_memory, memory_need, shortage
+from .memory import RUN_REMEDY, free_memory, memory_need, shortage
 from .ngram import NgramDrafter, Proposal
 from .policy import (
     Arm,
@@ -769,7 +769,8 @@ class Engine:
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
-                "use a larger n_ctx or a shorter prompt"
+                "use a larger n_ctx or a shorter prompt",
+                needed=len(tokens),
             )
         return tokens
 
@@ -1960,7 +1961,8 @@ def load(
     pipeline: bool | None = None,
     adapt_threads: bool = True,
     verbose: bool = False,
-    say: Callable[[str], None] = lambda _: None,
+    say: Callable[[str], object] = lambda _: None,
+    remedy: str = RUN_REMEDY,
     progress: Callable[[float], object] | None = None,
 ) -> Engine:
     """Load a target (and optionally a draft) GGUF and make an Engine; checks files and pairing.
@@ -1971,7 +1973,8 @@ def load(
     `target_cpus`/`draft_cpus` ("0-3", "4-7") pin each model's threads; by default the target
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
     `pipeline`, `adapt_threads`: see Engine. `say` is told, before anything loads, where the
-    models take more memory than this device has available (memory.shortage); `progress`, the
+    models take more memory than this device has available (memory.shortage), with `remedy`,
+    what else the caller could be asked to do; `progress`, the
     fraction of the model files loaded as they load (from the loading threads). A Ctrl+C stops
     the loads at their next tensor (KeyboardInterrupt).
     """
@@ -1989,7 +1992,7 @@ def load(
     if n_ctx is None:
         n_ctx = min(DEFAULT_CTX, target_info.context_length or DEFAULT_CTX)
     check_ctx_size(n_ctx, target_info.context_length, target_info.path)
-    if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory()):
+    if short := shortage(memory_need(target_info, draft_info, n_ctx), free_memory(), remedy):
         say(short)
     target_model, draft_model = _load_models(target, target_info, draft, draft_info, progress)
     return Engine(

@@ -111,6 +111,9 @@ def test_an_engine_with_a_larger_context_keeps_its_models_and_the_old_one_is_clo
     with pytest.raises(edgespec.ContextOverflowError) as overflow:
         engine.generate(long_prompt, max_tokens=4, chat=False)
     assert overflow.value.needed is not None and overflow.value.needed > 256
+    with pytest.raises(edgespec.ContextOverflowError) as of_ids:
+        engine.generate(list(range(10, 310)), max_tokens=4)  # a prompt of token ids
+    assert of_ids.value.needed == 300
     larger = engine.with_context(1024)
     assert larger.target is engine.target and larger.draft is engine.draft  # not loaded again
     assert larger.n_ctx == 1024

@@ -187,12 +187,18 @@ def test_float_rows_are_copied_or_widened(ggml_type, dtype):
     np.testing.assert_array_equal(out, values.astype(np.float32))
 
 
-def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
+def head_of_three_extras(narrowed, monkeypatch, n_outside: int) -> tuple:
+    """A narrowed head with room for 3 extra tokens, `n_outside` tokens it does not keep, and
+    a buffer of as many input rows."""
     monkeypatch.setattr(draft_head, "MAX_EXTRA_TOKENS", 3)
     head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
     kept = set(head.ids)
-    outside = [t for t in range(1000, 49152) if t not in kept][:5]
-    buffer = np.empty((5, head.n_embd), dtype=np.float32)
+    outside = [t for t in range(1000, 49152) if t not in kept][:n_outside]
+    return head, outside, np.empty((n_outside, head.n_embd), dtype=np.float32)
+
+
+def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
+    head, outside, buffer = head_of_three_extras(narrowed, monkeypatch, 5)
 
     head.feed(outside[:2], buffer)
     head.feed(outside[2:4], buffer)  # 4 > 3: the first two make room
@@ -204,11 +210,7 @@ def test_a_long_text_starts_the_extra_tokens_afresh(narrowed, monkeypatch):
 
 
 def test_tokens_outside_the_kept_set_become_extras_once_however_they_are_fed(narrowed, monkeypatch):
-    monkeypatch.setattr(draft_head, "MAX_EXTRA_TOKENS", 3)
-    head = NarrowedHead(read_gguf(narrowed), row_dequantizer)
-    kept = set(head.ids)
-    outside = [t for t in range(1000, 49152) if t not in kept][:6]
-    buffer = np.empty((6, head.n_embd), dtype=np.float32)
+    head, outside, buffer = head_of_three_extras(narrowed, monkeypatch, 6)
 
     head.feed([outside[0], outside[0]], buffer)  # twice in one batch: one extra
     assert head.ids[head.n_kept :] == outside[:1]
