@@ -474,19 +474,7 @@ def run(
         answer_each_line(engine, settings, prompts, chat, options, attached)
         return
     # A prompt longer than the context fails here, before a first use's measuring.
-    text = with_files(text, attached)
-    try:
-        stream = engine.stream(text, chat=chat, **options)
-    except ContextOverflowError as overflow:
-        n_ctx = context_for(overflow, engine, settings)
-        if n_ctx is None:
-            raise
-        note(
-            f"the prompt has {overflow.needed:,} tokens, more than the default context holds: "
-            f"using one of {n_ctx} (--ctx-size sets it)"
-        )
-        engine = engine.with_context(n_ctx)
-        stream = engine.stream(text, chat=chat, **options)
+    engine, stream = stream_in_context(engine, settings, with_files(text, attached), chat, options)
     profile_if_needed(engine, settings)
     try:
         result = finish(stream, None if as_json else write_now)
@@ -505,6 +493,25 @@ def run(
         err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
         if verbose:
             err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
+
+
+def stream_in_context(
+    engine: Engine, settings: Settings, text: str, chat: bool | None, options: dict[str, object]
+) -> tuple[Engine, Stream]:
+    """`engine.stream(text)`, in a larger context where the prompt is too long for the default
+    one (context_for), which is said; and the engine to go on with. Else the overflow's error."""
+    try:
+        return engine, engine.stream(text, chat=chat, **options)
+    except ContextOverflowError as overflow:
+        n_ctx = context_for(overflow, engine, settings)
+        if n_ctx is None:
+            raise
+        note(
+            f"the prompt has {overflow.needed:,} tokens, more than the default context holds: "
+            f"using one of {n_ctx} (--ctx-size sets it)"
+        )
+        engine = engine.with_context(n_ctx)
+        return engine, engine.stream(text, chat=chat, **options)
 
 
 def context_for(overflow: ContextOverflowError, engine: Engine, settings: Settings) -> int | None:
@@ -556,15 +563,19 @@ def answer_each_line(
     files: list[tuple[str, str]],
 ) -> None:
     """One JSON object a line per prompt, its "prompt" first, each written when it is done. A
-    prompt too long for the context gets an "error" in place of an answer, and the run ends
-    with an error once every prompt is done. `files` go with each prompt (`with_files`)."""
-    profiled, answered, too_long = False, 0, 0
+    prompt longer than the default context gets a larger one, as in `run`; one too long for
+    any gets an "error" in place of an answer, and the run ends with an error once every
+    prompt is done. `files` go with each prompt (`with_files`)."""
+    profiled, answered, too_long, longest = False, 0, 0, 0
     for text in prompts:
         try:
-            stream = engine.stream(with_files(text, files), chat=chat, **options)
+            engine, stream = stream_in_context(
+                engine, settings, with_files(text, files), chat, options
+            )
         except ContextOverflowError as e:
             write_now(json.dumps({"prompt": text, "error": str(e)}, ensure_ascii=False) + "\n")
             too_long += 1
+            longest = max(longest, e.needed or 0)
             continue
         answered += 1
         if not profiled:  # on first use, measured before the first answer's clock starts
@@ -579,9 +590,10 @@ def answer_each_line(
             raise typer.Exit(INTERRUPTED) from None
         write_now(json.dumps({"prompt": text, **result.to_dict()}, ensure_ascii=False) + "\n")
     if too_long:
+        advice = f"{engine.room_for(longest)} prompt" if longest else "use a larger --ctx-size"
         raise ContextOverflowError(
             f"{too_long} of {answered + too_long} prompts did not fit the context of "
-            f'{engine.n_ctx} tokens (their lines say "error"); use a larger --ctx-size'
+            f'{engine.n_ctx} tokens (their lines say "error"); {advice}'
         )
 
 

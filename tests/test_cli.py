@@ -327,7 +327,23 @@ def test_each_line_marks_a_prompt_too_long_for_the_context_and_answers_the_other
     first, too_long, last = (json.loads(line) for line in out.splitlines())
     assert first["text"] and last["text"] and "text" not in too_long
     assert "the context holds 256" in too_long["error"]
+    # A size chosen is kept; the error names the one that holds the longest line.
     one_line_error(code, err, "1 of 3 prompts did not fit the context of 256 tokens")
+    assert "use --ctx-size 1024 or a shorter prompt" in err
+
+
+def test_each_line_gives_a_line_longer_than_the_default_context_a_context_that_holds_it(
+    capsys, smol_path, monkeypatch
+):
+    monkeypatch.setattr("edgespec.engine.Engine.profile_if_missing", lambda self, say: None)
+    long = "word " * 2200
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "--mode", "target", "-n", "4",
+                         "--each-line", f"Hi\n{long}\nBye")  # fmt: skip
+    assert code == 0, err
+    first, grown, last = (json.loads(line) for line in out.splitlines())
+    assert first["text"] and grown["text"] and last["text"]
+    assert 2048 < grown["stats"]["n_prompt_tokens"] < 3072 - 4
+    assert "using one of 3072" in err
 
 
 def test_each_line_stops_at_ctrl_c_with_the_answers_so_far_and_the_one_interrupted(
