@@ -236,7 +236,7 @@ def load_shown(wanted: bool = True) -> Iterator[Callable[[float], None] | None]:
     """How much of the model files has loaded, as a percentage on stderr once the load has
     taken a while (a Pi's SD card: ~30 s for the default pair, which a user took for a hang);
     on a terminal only, the line erased when done."""
-    if not (wanted and err.is_terminal):
+    if not (wanted and err.is_terminal) or err.quiet:
         yield None
         return
     start, shown = time.monotonic(), -1
@@ -422,8 +422,19 @@ def run(
         ),
     ] = False,
     verbose: opt.Verbose = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="Print nothing on stderr but errors: no summary, notes or progress",
+        ),
+    ] = False,
 ) -> None:
     """Generate text for PROMPT, streamed to stdout; a summary goes to stderr."""
+    if quiet and verbose:
+        raise BadSettingError("--quiet and --verbose ask for opposite things; give one")
+    err.quiet = quiet  # main() makes it loud again
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
         target_cpus=target_cpus, draft_cpus=draft_cpus,
@@ -770,6 +781,13 @@ for command in (run, chat, bench, profile, quantize, narrow, inspect):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: errors become one line on stderr and an exit code, never a traceback."""
+    try:
+        return _main(argv)
+    finally:
+        err.quiet = False  # `run --quiet` silenced it for its own run
+
+
+def _main(argv: list[str] | None) -> int:
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         print("error: stdout is closed: there is nowhere to write to", file=sys.stderr)
         return 1

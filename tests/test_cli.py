@@ -513,6 +513,22 @@ def test_run_pipelines_chains_when_asked_and_reports_it(capsys, smol_path):
     assert code == 0 and json.loads(out)["stats"]["pipelined_evals"] == 0
 
 
+def test_quiet_prints_the_text_and_nothing_on_stderr_but_errors(capsys, smol_path, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting moved to Thursday at 10:00 in room 4.\n" * 130)
+    # A note (--top-p at --temp 0), a larger context said, a summary: all unsaid.
+    args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "4", "--top-p", "0.5"]
+    code, out, err = cli(capsys, *args, "-q", "-f", str(notes), "When?")
+    assert code == 0 and out.strip() and err == ""
+    code, _, err = cli(capsys, *args, "--quiet", "-c", "512", "-f", str(notes), "When?")
+    one_line_error(code, err, "but the context holds 512")
+    code, _, err = cli(capsys, *args, "Hello")  # the next run in the process says its summary
+    assert code == 0 and "tok/s" in err and "--top-p does nothing" in err
+    code, _, err = cli(capsys, *args, "-q", "-v", "Hello")
+    one_line_error(code, err, "--quiet and --verbose")
+    assert code == 2
+
+
 def one_line_error(code: int, err: str, *needles: str) -> None:
     assert code != 0
     lines = err.strip().splitlines()
