@@ -34,7 +34,7 @@ from .prompts import read_file, read_files, read_stdin, with_files
 from .signals import Ended, ended_by_signals
 
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
-    from edgespec.conversation import Conversation
+    from edgespec.conversation import Conversation, Message
     from edgespec.engine import Engine
 
 SETTABLE = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens", "mode", "draft_max")
@@ -96,7 +96,7 @@ def chat(
     verbose: opt.Verbose = False,
 ) -> None:
     """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
-    from edgespec.conversation import Conversation, check_chat_template
+    from edgespec.conversation import Conversation, check_chat_template, read_saved
     from edgespec.engine import GenerationConfig
     from edgespec.gguf_info import read_gguf
 
@@ -126,6 +126,7 @@ def chat(
     continued = latest_chat() if continue_ else None
     if continue_ and continued is None:
         raise EdgespecError(f"no chat to continue: none is kept in {chats_dir()} yet")
+    saved = read_saved(continued) if continued else None  # damaged: said before any model loads
     # Bad values fail before any model is loaded or measured.
     with sources_named(settings):
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
@@ -140,8 +141,8 @@ def chat(
     inputs = (user_path(chat_template, "the chat template"),) if chat_template else ()
     conversation = Conversation(engine, settings.system, template, inputs)
     interactive = sys.stdin.isatty()
-    if continued is not None:
-        take_up(conversation, continued, settings, note)
+    if continued is not None and saved is not None:
+        take_up(conversation, continued, saved, settings, note)
     kept = KeptChat(conversation, note, continued) if interactive or continued else None
     repl = Repl(conversation, settings, interactive, kept, attached)
     repl.run()
@@ -176,10 +177,15 @@ def read_template(path: Path) -> str:
 
 
 def take_up(
-    conversation: Conversation, path: Path, settings: Settings, note: Callable[[str], None]
+    conversation: Conversation,
+    path: Path,
+    saved: tuple[str | None, list[Message]],
+    settings: Settings,
+    note: Callable[[str], None],
 ) -> None:
-    """Continue the kept chat in `path` (--continue); a --system typed now replaces its own."""
-    out_of_view = conversation.load(path)
+    """Continue the kept chat read from `path` (--continue); a --system typed now replaces its
+    own."""
+    out_of_view = conversation.restore(*saved)
     if settings.system is not None and settings.source("system") == "flag":
         conversation.set_system(settings.system)
     n = len(conversation.messages)

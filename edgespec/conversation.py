@@ -275,22 +275,10 @@ class Conversation:
         return how many of its oldest turns the context cannot hold (the model will not see
         them; the conversation keeps them). A conversation the chat template cannot render is
         refused, the current one left as it was."""
-        path = user_path(path, "the file")
-        if path.exists() and not path.is_file():  # a FIFO with no writer waited forever
-            raise EdgespecError(f"cannot read {path}: not a regular file")
-        try:
-            with path.open("rb") as f:  # not endless (/dev/zero), nor larger than any context
-                raw = f.read(MAX_SAVED_BYTES + 1)
-            if len(raw) > MAX_SAVED_BYTES:
-                raise EdgespecError(f"{path} is over {MAX_SAVED_BYTES >> 20} MB: no saved chat")
-            data = json.loads(raw.decode("utf-8"))
-        except OSError as e:
-            raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
-        except RecursionError:  # arrays in arrays thousands deep: the chat ended, unsaved
-            raise EdgespecError(f"{path} is not a saved conversation (nested too deeply)") from None
-        system, messages = _parsed(data, path)
+        return self.restore(*read_saved(path))
+
+    def restore(self, system: str | None, messages: list[Message]) -> int:
+        """`load` of a conversation read already (`read_saved`)."""
         kept = self.system
         self.system = system
         try:
@@ -305,6 +293,27 @@ class Conversation:
         self.messages, self.in_context = messages, start
         self.last_stats = None
         return sum(m.role == "user" for m in messages[:start])
+
+
+def read_saved(path: str | Path) -> tuple[str | None, list[Message]]:
+    """The system message and messages of a conversation saved in `path` (`/save`), checked;
+    no model needed, so a damaged file can fail before any is loaded."""
+    path = user_path(path, "the file")
+    if path.exists() and not path.is_file():  # a FIFO with no writer waited forever
+        raise EdgespecError(f"cannot read {path}: not a regular file")
+    try:
+        with path.open("rb") as f:  # not endless (/dev/zero), nor larger than any context
+            raw = f.read(MAX_SAVED_BYTES + 1)
+        if len(raw) > MAX_SAVED_BYTES:
+            raise EdgespecError(f"{path} is over {MAX_SAVED_BYTES >> 20} MB: no saved chat")
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise EdgespecError(f"cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise EdgespecError(f"{path} is not a saved conversation (not JSON)") from None
+    except RecursionError:  # arrays in arrays thousands deep: the chat ended, unsaved
+        raise EdgespecError(f"{path} is not a saved conversation (nested too deeply)") from None
+    return _parsed(data, path)
 
 
 def _parsed(data: object, path: Path) -> tuple[str | None, list[Message]]:

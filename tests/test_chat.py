@@ -235,6 +235,18 @@ def test_continue_with_no_kept_chat_is_one_line_before_loading(smol_path, tmp_pa
     )
 
 
+def test_continue_from_a_damaged_kept_chat_is_one_line_before_any_model_is_looked_at(tmp_path):
+    """It came after a first use's downloads and measuring (minutes on a new device)."""
+    chats = tmp_path / "home" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "2026-11-29-000000.json").write_text('{"messages": [')
+    done = piped_chat(tmp_path / "not-fetched.gguf", tmp_path, "Hi\n", "--continue")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (
+        f"error: {chats}/2026-11-29-000000.json is not a saved conversation (not JSON)"
+    )
+
+
 @pytest.mark.parametrize(("how", "code"), [("SIGTERM", 143), ("hang up", 129)])
 def test_a_kept_chat_ended_mid_answer_keeps_the_answer_so_far(smol_path, tmp_path, how, code):
     """A closed terminal (SIGHUP) or a kill (SIGTERM) lost the whole conversation."""
