@@ -832,6 +832,12 @@ def _main(argv: list[str] | None) -> int:
 def _reader_gone() -> int:
     """stdout's reader went away (`| head`): exit 0 without the error Python's final flush of
     stdout would print (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    let_stdout_go()
+    return 0
+
+
+def let_stdout_go() -> None:
+    """Point stdout at /dev/null: what its buffer still holds has nowhere to go, and flushed
+    at exit it would fail."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    return 0

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import os
 import re
 import signal
 import sys
@@ -105,6 +104,7 @@ def chat(
         check_pipeline_mode,
         draft_named_or_default,
         generation_options,
+        let_stdout_go,
         load_engine,
         note,
         resolve,
@@ -123,10 +123,11 @@ def chat(
     if files and Path("-") in files:  # stdin holds the messages
         raise BadSettingError("--file - : chat reads its messages from stdin; name a file")
     attached = read_files(files or [], "")
-    continued = latest_chat() if continue_ else None
-    if continue_ and continued is None:
+    kept_path = latest_chat() if continue_ else None
+    if continue_ and kept_path is None:
         raise EdgespecError(f"no chat to continue: none is kept in {chats_dir()} yet")
-    saved = read_saved(continued) if continued else None  # damaged: said before any model loads
+    # Read now: a damaged one is said before any model is fetched, made or loaded.
+    continued = (kept_path, read_saved(kept_path)) if kept_path else None
     # Bad values fail before any model is loaded or measured.
     with sources_named(settings):
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
@@ -141,16 +142,15 @@ def chat(
     inputs = (user_path(chat_template, "the chat template"),) if chat_template else ()
     conversation = Conversation(engine, settings.system, template, inputs)
     interactive = sys.stdin.isatty()
-    if continued is not None and saved is not None:
-        take_up(conversation, continued, saved, settings, note)
-    kept = KeptChat(conversation, note, continued) if interactive or continued else None
+    if continued is not None:
+        take_up(conversation, *continued, settings, note)
+    kept = KeptChat(conversation, note, kept_path) if interactive or kept_path else None
     repl = Repl(conversation, settings, interactive, kept, attached)
     repl.run()
     if repl.ended_by is not None:
         # What is left in stdout's buffer cannot reach a terminal that went away: flushed at
         # exit, it would fail and turn the exit status into Python's 120.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        let_stdout_go()
         raise typer.Exit(repl.ended_by)
     if repl.failures and not repl.interactive:  # a script must learn that its /save failed
         raise EdgespecError(
