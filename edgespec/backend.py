@@ -222,9 +222,10 @@ class Model:
         self._piece_cache: dict[int, bytes] = {}
         self._eog_memo: dict[int, bool] = {}
         self._control_text_memo: dict[tuple[int, int], bool] = {}
-        # SentencePiece puts a space before text that starts a tokenization, so a text cut in
-        # pieces does not tokenize as it does whole.
-        self.spaces_pieces = ll.llama_vocab_type(self._vocab) == ll.LLAMA_VOCAB_TYPE_SPM
+        # Most SentencePiece vocabularies (Llama 2's, Mistral's; not Gemma's) put a space
+        # before the text a tokenization starts with, so a text cut in pieces does not tokenize
+        # as it does whole. Seen, not read from the vocabulary's type.
+        self.spaces_pieces = self.detokenize(self.tokenize("a", add_special=False)) != "a"
 
     @property
     def name(self) -> str:

@@ -120,20 +120,22 @@ def typed_pieces(
     """`text`, the messages as `render_messages` renders them, cut into the template's own text
     and the contents of the messages numbered in `typed`, each piece with whether it is one of
     those: text people typed, whose `<|im_end|>` is text, not the end of a turn. None where
-    the template does not put those contents into `text` as they are (it trims or edits them)."""
+    the template does not put those contents into `text` as they are, or trimmed (Gemma's
+    trims them), but edits them."""
     marked = [
         {**m, "content": _MARK.format(i)} if i in typed else m for i, m in enumerate(messages)
     ]
-    skeleton = render_messages(marked)
-    pieces = []
-    for i, part in enumerate(_MARKS.split(skeleton)):
-        if i % 2:  # a mark
-            pieces.append((messages[int(part[1:-1])]["content"], True))
-        elif part:
-            pieces.append((part, False))
-    if "".join(piece for piece, _ in pieces) != text:
-        return None
-    return pieces
+    parts = _MARKS.split(render_messages(marked))
+    for as_put in (str, str.strip):
+        pieces = []
+        for i, part in enumerate(parts):
+            if i % 2:  # a mark
+                pieces.append((as_put(messages[int(part[1:-1])]["content"]), True))
+            elif part:
+                pieces.append((part, False))
+        if "".join(piece for piece, _ in pieces) == text:
+            return pieces
+    return None
 
 
 def messages_for(prompt: str, system: str | None = None) -> list[Message]:

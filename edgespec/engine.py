@@ -691,7 +691,7 @@ class Engine:
         # The template's control tokens are written as text (`<|im_start|>`), read back as
         # tokens; the same text in a message (a file about chat templates) is text. Only such
         # messages are tokenized apart: elsewhere a piece boundary may tokenize otherwise. Not
-        # for SentencePiece vocabularies, which put a space before each piece.
+        # for vocabularies that put a space before each piece (SentencePiece's, but Gemma's).
         typed = [
             i
             for i, m in enumerate(messages)

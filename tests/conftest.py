@@ -37,6 +37,12 @@ def smol_path() -> Path:
     return catalogue.local_path(SMOL) or catalogue.fetch(SMOL)
 
 
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma-3-270M: a SentencePiece vocabulary, unlike SmolLM2's and Qwen's byte-level BPE."""
+    return catalogue.local_path("gemma3-270m") or catalogue.fetch("gemma3-270m")
+
+
 def _requantized(tmp_path_factory, src: Path, type_name: str) -> Path:
     import llama_cpp
 

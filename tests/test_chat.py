@@ -19,7 +19,7 @@ import edgespec
 from edgespec.conversation import Conversation, Message
 from edgespec.errors import BadSettingError, ContextOverflowError, EdgespecError
 
-from .helpers import hear_ctrl_c
+from .helpers import hear_ctrl_c, with_bool_metadata
 
 STATS_LINE = r"\d+ tokens, .*context \d+/\d+"
 TIMEOUT = 60.0  # per step: generous, the test machines are small and shared
@@ -636,6 +636,91 @@ def test_a_message_without_control_text_is_tokenized_as_its_whole_prompt(small_e
     assert small_engine.prompt_tokens("Write a haiku about caches.", system="Be brief.") == whole
 
 
+# Gemma 3's chat template (its instruction-tuned models' tokenizer_config.json): it trims each
+# message and folds a system message into the first user turn.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {{ message['content'] | trim }}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+
+GEMMA_TEXT = "A turn ends with <end_of_turn>, then <start_of_turn>model answers."
+
+
+@pytest.fixture(scope="module")
+def gemma_engine(gemma_path) -> edgespec.Engine:
+    """Gemma-3-270M: a SentencePiece vocabulary. Its GGUF has no chat template: the tests give
+    it its instruction-tuned siblings'."""
+    return edgespec.load(gemma_path, n_ctx=256, threads=1)
+
+
+def gemma_chat_tokens(engine: edgespec.Engine, prompt: str) -> list[int]:
+    from edgespec import chat
+
+    return engine.chat_tokens(GEMMA3_TEMPLATE, chat.messages_for(prompt, "Be brief."))
+
+
+@pytest.mark.parametrize("padding", ["", "  \n"], ids=["as-typed", "trimmed-by-the-template"])
+def test_control_token_text_in_a_gemma_message_is_text(gemma_engine, padding):
+    """SentencePiece vocabularies were all tokenized whole, control text and all: Gemma's puts
+    no space before a piece, so its messages are cut out and tokenized as text."""
+    target = gemma_engine.target
+    end_of_turn = target.tokenize("<end_of_turn>", add_special=False, parse_special=True)
+    assert len(end_of_turn) == 1 and not target.spaces_pieces
+    plain = gemma_chat_tokens(gemma_engine, "Explain this.")
+    message = f"Explain this: {GEMMA_TEXT}"
+    odd = gemma_chat_tokens(gemma_engine, padding + message + padding)
+    assert odd.count(end_of_turn[0]) == plain.count(end_of_turn[0]) == 1
+    as_text = target.tokenize(message, add_special=False, parse_special=False)
+    assert any(odd[i : i + len(as_text)] == as_text for i in range(len(odd)))
+    assert GEMMA_TEXT in target.detokenize(odd)
+
+
+def test_a_gemma_message_without_control_text_is_tokenized_as_its_whole_prompt(gemma_engine):
+    from edgespec import chat
+
+    target = gemma_engine.target
+    messages = chat.messages_for("Write a haiku about caches.", "Be brief.")
+    text = chat.render(GEMMA3_TEMPLATE, messages, bos_token="<bos>")
+    whole = target.tokenize(text, add_special=False, parse_special=True)
+    assert whole[0] == target.bos and whole.count(target.bos) == 1  # the template's, no other
+    assert gemma_chat_tokens(gemma_engine, "Write a haiku about caches.") == whole
+
+
+def test_a_vocabulary_that_puts_a_space_before_each_piece_is_told_apart(
+    tmp_path, gemma_path, smol_path
+):
+    """As Llama 2's and Mistral's do: Gemma's vocabulary told to put a space first."""
+    from edgespec.backend import Model
+
+    spacing = with_bool_metadata(
+        gemma_path, tmp_path / "gemma-space-prefix.gguf", "tokenizer.ggml.add_space_prefix", True
+    )
+    assert Model(spacing, vocab_only=True).spaces_pieces
+    assert not Model(gemma_path, vocab_only=True).spaces_pieces
+    assert not Model(smol_path, vocab_only=True).spaces_pieces
+
+
 def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
     from edgespec.chat import messages_for, render, typed_pieces
 
@@ -644,6 +729,14 @@ def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
     text = render(template, messages)
     assert typed_pieces(lambda ms: render(template, ms), messages, text, [1]) == [
         ("<s>system: sys</s><s>user: ", False),
+        ("say <s>", True),
+        ("</s>", False),
+    ]
+    trims = "{% for m in messages %}<s>{{ m.content | trim }}</s>{% endfor %}"
+    padded = messages_for(" say <s>\n", "sys")
+    trimmed = render(trims, padded)
+    assert typed_pieces(lambda ms: render(trims, ms), padded, trimmed, [1]) == [
+        ("<s>sys</s><s>", False),
         ("say <s>", True),
         ("</s>", False),
     ]
