@@ -284,6 +284,55 @@ class Model:
             known = self._eog_memo[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
         return known
 
+    def tokenize_pieces(
+        self, pieces: Sequence[tuple[str, bool]], *, add_bos: bool
+    ) -> list[int] | None:
+        """The tokens of a text given in pieces, each with whether it is typed: its control
+        tokens' texts (a chat's `<|im_end|>`) are read as text, the others' as the tokens. Each
+        piece tokenizes as it would in the whole text; None where that cannot be made sure of
+        (the text is then best tokenized whole)."""
+        tokens = [self.bos] if add_bos else []
+        for text, typed in pieces:
+            # A vocabulary that puts a space before a tokenization's text does so after each
+            # special token (llama.cpp tokenizes the text between them apart), nowhere else.
+            if not self.spaces_pieces or not tokens or self._splits_text(tokens[-1]):
+                tokens += self.tokenize(text, add_special=False, parse_special=not typed)
+                continue
+            within = self._tokenize_within(text, parse_special=not typed)
+            if within is None:
+                return None
+            tokens += within
+        return tokens
+
+    def _splits_text(self, token: int) -> bool:
+        """Whether llama.cpp tokenizes the texts either side of `token` apart: special tokens,
+        and user-defined ones (Gemma's "\n"), which it finds in a text before anything else."""
+        kinds = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+        kinds |= ll.LLAMA_TOKEN_ATTR_UNKNOWN
+        return bool(ll.llama_vocab_get_attr(self._vocab, token) & kinds)
+
+    def _tokenize_within(self, text: str, *, parse_special: bool) -> list[int] | None:
+        """`text`'s tokens where it follows other text, for a vocabulary that puts a space
+        before the text a tokenization starts with: tokenized after a text whose tokens are
+        then dropped, if they came out as that text's alone and left no space before `text`."""
+        start = text.encode("utf-8", errors="replace")
+        for before in ("\n", ".", "~"):  # the first whose tokens stay apart from `text`'s
+            lead = self.tokenize(before, add_special=False, parse_special=False)
+            both = self.tokenize(before + text, add_special=False, parse_special=parse_special)
+            rest = both[len(lead) :]
+            if both[: len(lead)] == lead and (not rest or start.startswith(self._text(rest[0]))):
+                return rest
+        return None
+
+    def _text(self, token: int) -> bytes:
+        """What a token stands for in a text, a control token's text included."""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)
+        if n < 0:  # a longer text: -n is its length
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+        return buf.raw[: max(n, 0)]
+
     def reads_control_tokens(self, text: str) -> bool:
         """Whether tokenizing `text` with special tokens parsed reads control tokens in it (a
         chat's `<|im_end|>`), which as text it would not. Remembered for the last texts: a

@@ -690,22 +690,17 @@ class Engine:
         add_bos = target.add_bos and not text.startswith(bos_text)
         # The template's control tokens are written as text (`<|im_start|>`), read back as
         # tokens; the same text in a message (a file about chat templates) is text. Only such
-        # messages are tokenized apart: elsewhere a piece boundary may tokenize otherwise. Not
-        # for vocabularies that put a space before each piece (SentencePiece's, but Gemma's).
+        # messages are tokenized apart: elsewhere a piece boundary may tokenize otherwise.
         typed = [
             i
             for i, m in enumerate(messages)
             if isinstance(m.get("content"), str) and target.reads_control_tokens(m["content"])
         ]
-        pieces = None
-        if typed and not target.spaces_pieces:
-            pieces = chat.typed_pieces(rendered, messages, text, typed)
-        if pieces is None:
-            return target.tokenize(text, add_special=add_bos, parse_special=True)
-        tokens = [target.bos] if add_bos else []
-        for piece, is_typed in pieces:
-            tokens += target.tokenize(piece, add_special=False, parse_special=not is_typed)
-        return tokens
+        if typed and (pieces := chat.typed_pieces(rendered, messages, text, typed)):
+            tokens = target.tokenize_pieces(pieces, add_bos=add_bos)
+            if tokens is not None:
+                return tokens
+        return target.tokenize(text, add_special=add_bos, parse_special=True)
 
     def _check_not_surely_too_long(self, text: str) -> None:
         """Refuse, before tokenizing, a text too long for the context by its size alone.

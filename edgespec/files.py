@@ -57,8 +57,11 @@ def regular_destination(path: Path) -> Path:
         raise BadSettingError(f"{path} is a stream, not a file; name a file to write")
     if path.is_symlink():
         try:
+            path = path.resolve(strict=True)
+        except FileNotFoundError:  # a link to a file still to be made
             path = path.resolve()
-        except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
+        except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13,
+            # whose lenient resolve() leaves a loop's path as it is)
             raise BadSettingError(f"{path} is a link that leads back to itself") from None
     if path.is_file() and _is_own_output(path):
         raise BadSettingError(

@@ -158,6 +158,61 @@ def with_extra_tokens_and_one_renamed(src: Path, dst: Path, token: int) -> Path:
     return dst
 
 
+def write_spm_vocab(source: Path, path: Path, controls: list[str], words: list[str]) -> Path:
+    """A GGUF of `source`'s model metadata (no tensors: loadable with vocab_only) with a
+    SentencePiece vocabulary of its own, as Llama 2's: a space before the text a tokenization
+    starts with, bytes for characters it lacks, `controls` as control tokens after <unk>, <s>
+    and </s>, and `words` ("▁" for a space) with every prefix of them they are merged from."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    control, unknown, normal, byte = 3, 2, 1, 6  # GGUF's token types
+    texts = ["<unk>", "<s>", "</s>", *controls, *(f"<0x{b:02X}>" for b in range(256))]
+    types = [unknown, control, control, *[control] * len(controls), *[byte] * 256]
+    pieces = {w[:n] for w in words for n in range(1, len(w) + 1)}
+    pieces |= {chr(c) for c in range(32, 127)} | {"▁"}
+    for piece in sorted(pieces, key=lambda p: (len(p), p)):
+        texts.append(piece)
+        types.append(normal)
+    # Longer pieces score higher: merged first, as a trained vocabulary's frequent words are.
+    scores = [float(len(t)) if k == normal else 0.0 for t, k in zip(texts, types, strict=True)]
+    tokenizer = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": texts,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_space_prefix": True,
+    }
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(path), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith(("GGUF.", "tokenizer.")) or name == "general.architecture":
+            continue  # the writer writes GGUF's own; the tokenizer's are the new ones
+        kind = field.types[0]
+        sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), kind, sub_type=sub_type)
+    for name, value in tokenizer.items():
+        if isinstance(value, list):
+            sub_type = {str: GGUFValueType.STRING, float: GGUFValueType.FLOAT32}.get(
+                type(value[0]), GGUFValueType.INT32
+            )
+            writer.add_key_value(name, value, GGUFValueType.ARRAY, sub_type=sub_type)
+        elif isinstance(value, bool):
+            writer.add_key_value(name, value, GGUFValueType.BOOL)
+        elif isinstance(value, int):
+            writer.add_key_value(name, value, GGUFValueType.UINT32)
+        else:
+            writer.add_key_value(name, value, GGUFValueType.STRING)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def with_bool_metadata(src: Path, dst: Path, key: str, value: bool) -> Path:
     """A copy of the GGUF `src` whose boolean metadata field `key` says `value`: its byte
     patched (gguf-py's tools take 20 s to read Gemma's 262k-token vocabulary)."""

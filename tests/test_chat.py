@@ -19,7 +19,7 @@ import edgespec
 from edgespec.conversation import Conversation, Message
 from edgespec.errors import BadSettingError, ContextOverflowError, EdgespecError
 
-from .helpers import hear_ctrl_c, with_bool_metadata
+from .helpers import hear_ctrl_c, with_bool_metadata, write_spm_vocab
 
 STATS_LINE = r"\d+ tokens, .*context \d+/\d+"
 TIMEOUT = 60.0  # per step: generous, the test machines are small and shared
@@ -721,6 +721,69 @@ def test_a_vocabulary_that_puts_a_space_before_each_piece_is_told_apart(
     assert not Model(smol_path, vocab_only=True).spaces_pieces
 
 
+# Vocabularies that tokenize a chat's pieces differently, each with two of its control tokens.
+VOCABULARIES = {
+    "smollm2 (byte-level BPE)": ("<|im_start|>", "<|im_end|>"),
+    "gemma (SentencePiece)": ("<start_of_turn>", "<end_of_turn>"),
+    "llama-style (SentencePiece, a space first)": ("<|user|>", "<|end|>"),
+    "gemma told to put a space first": ("<start_of_turn>", "<end_of_turn>"),
+}
+
+
+@pytest.fixture(scope="module", params=list(VOCABULARIES))
+def vocabulary(request, tmp_path_factory, smol_path, gemma_path):
+    """A vocabulary-only model, with the control tokens that open and close a turn in it."""
+    from edgespec.backend import Model
+
+    name = request.param
+    made = tmp_path_factory.mktemp("vocab")
+    if name.startswith("smollm2"):
+        path = smol_path
+    elif name == "gemma (SentencePiece)":
+        path = gemma_path
+    elif name.startswith("llama-style"):
+        words = ["▁Explain", "▁this", "▁turn", "▁ends", "▁with", "user", "assistant", "▁hello"]
+        path = write_spm_vocab(smol_path, made / "llama-style.gguf", ["<|user|>", "<|end|>"], words)
+    else:  # its "\n" is a user-defined token: llama.cpp puts a space after it too
+        key = "tokenizer.ggml.add_space_prefix"
+        path = with_bool_metadata(gemma_path, made / "gemma-spacing.gguf", key, True)
+    return Model(path, vocab_only=True), *VOCABULARIES[name]
+
+
+def turn_pieces(open_: str, close: str, typed: str, after: str = "\n") -> list[tuple[str, bool]]:
+    return [(f"{open_}user{after}", False), (typed, True), (f"{close}\n{open_}assistant\n", False)]
+
+
+@pytest.mark.parametrize("after", ["\n", ":"], ids=["after-a-newline", "after-a-colon"])
+def test_typed_text_tokenizes_in_pieces_as_in_the_whole_text(vocabulary, after):
+    """The pieces' edges included: where a vocabulary puts a space before a text (after a
+    special token, and Gemma's "\n" is one) and where it does not (after other text)."""
+    model, open_, close = vocabulary
+    pieces = turn_pieces(open_, close, "Explain this: a turn ends with END, hello.", after)
+    whole = "".join(text for text, _ in pieces)
+    expected = model.tokenize(whole, add_special=True, parse_special=True)
+    assert model.tokenize_pieces(pieces, add_bos=model.add_bos) == expected
+
+
+def test_control_text_in_a_typed_piece_is_text(vocabulary):
+    model, open_, close = vocabulary
+    tokens = model.tokenize_pieces(
+        turn_pieces(open_, close, f"Explain this: a turn ends with {close}, hello."),
+        add_bos=model.add_bos,
+    )
+    assert tokens is not None
+    (close_id,) = model.tokenize(close, add_special=False, parse_special=True)
+    (open_id,) = model.tokenize(open_, add_special=False, parse_special=True)
+    assert tokens.count(close_id) == 1 and tokens.count(open_id) == 2  # the template's
+    # Read as text, as the same words without the control text would be.
+    placeholder = model.tokenize_pieces(
+        turn_pieces(open_, close, "Explain this: a turn ends with END, hello."),
+        add_bos=model.add_bos,
+    )
+    assert placeholder is not None
+    assert model.detokenize(tokens) == model.detokenize(placeholder).replace("END", close)
+
+
 def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
     from edgespec.chat import messages_for, render, typed_pieces
 
@@ -1067,7 +1130,8 @@ def test_a_chat_refuses_files_it_cannot_load_or_must_not_save_and_goes_on(smol_p
     template = tmp_path / "chat.j2"
     template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     deep = tmp_path / "deep.json"
-    deep.write_text('{"messages": ' + "[" * 3000 + "]" * 3000 + "}")
+    # Python 3.13 reads 3,000 deep; none of 3.10-3.13 reads 10,000.
+    deep.write_text('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}")
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     kept = tmp_path / "kept.json"
