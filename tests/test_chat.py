@@ -750,6 +750,9 @@ def vocabulary(request, tmp_path_factory, smol_path, gemma_path):
     return Model(path, vocab_only=True), *VOCABULARIES[name]
 
 
+TURN_TEXT = "Explain this: a turn ends with {}, hello."
+
+
 def turn_pieces(open_: str, close: str, typed: str, after: str = "\n") -> list[tuple[str, bool]]:
     return [(f"{open_}user{after}", False), (typed, True), (f"{close}\n{open_}assistant\n", False)]
 
@@ -759,7 +762,7 @@ def test_typed_text_tokenizes_in_pieces_as_in_the_whole_text(vocabulary, after):
     """The pieces' edges included: where a vocabulary puts a space before a text (after a
     special token, and Gemma's "\n" is one) and where it does not (after other text)."""
     model, open_, close = vocabulary
-    pieces = turn_pieces(open_, close, "Explain this: a turn ends with END, hello.", after)
+    pieces = turn_pieces(open_, close, TURN_TEXT.format("END"), after)
     whole = "".join(text for text, _ in pieces)
     expected = model.tokenize(whole, add_special=True, parse_special=True)
     assert model.tokenize_pieces(pieces, add_bos=model.add_bos) == expected
@@ -768,8 +771,7 @@ def test_typed_text_tokenizes_in_pieces_as_in_the_whole_text(vocabulary, after):
 def test_control_text_in_a_typed_piece_is_text(vocabulary):
     model, open_, close = vocabulary
     tokens = model.tokenize_pieces(
-        turn_pieces(open_, close, f"Explain this: a turn ends with {close}, hello."),
-        add_bos=model.add_bos,
+        turn_pieces(open_, close, TURN_TEXT.format(close)), add_bos=model.add_bos
     )
     assert tokens is not None
     (close_id,) = model.tokenize(close, add_special=False, parse_special=True)
@@ -777,33 +779,38 @@ def test_control_text_in_a_typed_piece_is_text(vocabulary):
     assert tokens.count(close_id) == 1 and tokens.count(open_id) == 2  # the template's
     # Read as text, as the same words without the control text would be.
     placeholder = model.tokenize_pieces(
-        turn_pieces(open_, close, "Explain this: a turn ends with END, hello."),
-        add_bos=model.add_bos,
+        turn_pieces(open_, close, TURN_TEXT.format("END")), add_bos=model.add_bos
     )
     assert placeholder is not None
     assert model.detokenize(tokens) == model.detokenize(placeholder).replace("END", close)
 
 
-def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are():
+@pytest.mark.parametrize(
+    ("put", "typed", "as_put"),
+    [
+        ("{{ m.content }}", "say <s>", "say <s>"),
+        ("{{ m.content | trim }}", " say <s>\n", "say <s>"),
+    ],
+    ids=["as-typed", "trimmed"],
+)
+def test_typed_pieces_are_found_where_the_template_puts_contents_as_they_are(put, typed, as_put):
     from edgespec.chat import messages_for, render, typed_pieces
 
-    template = "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}</s>{% endfor %}"
-    messages = messages_for("say <s>", "sys")
+    template = "{% for m in messages %}<s>{{ m.role }}: " + put + "</s>{% endfor %}"
+    messages = messages_for(typed, "sys")
     text = render(template, messages)
     assert typed_pieces(lambda ms: render(template, ms), messages, text, [1]) == [
         ("<s>system: sys</s><s>user: ", False),
-        ("say <s>", True),
+        (as_put, True),
         ("</s>", False),
     ]
-    trims = "{% for m in messages %}<s>{{ m.content | trim }}</s>{% endfor %}"
-    padded = messages_for(" say <s>\n", "sys")
-    trimmed = render(trims, padded)
-    assert typed_pieces(lambda ms: render(trims, ms), padded, trimmed, [1]) == [
-        ("<s>sys</s><s>", False),
-        ("say <s>", True),
-        ("</s>", False),
-    ]
+
+
+def test_typed_pieces_are_not_found_where_the_template_edits_contents():
+    from edgespec.chat import messages_for, render, typed_pieces
+
     edits = "{% for m in messages %}<s>{{ m.content | upper }}</s>{% endfor %}"
+    messages = messages_for("say <s>", "sys")
     edited = render(edits, messages)
     assert typed_pieces(lambda ms: render(edits, ms), messages, edited, [1]) is None
 
