@@ -40,7 +40,7 @@ from .chat_cmd import chat
 from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
-from .prompts import prompt_lines, read_files, read_prompt, with_files
+from .prompts import prompt_lines, read_files, read_prompt, read_template, with_files
 from .signals import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
@@ -400,6 +400,7 @@ def run(
         ),
     ] = None,
     system: opt.System = None,
+    chat_template: opt.ChatTemplate = None,
     branch_p: opt.BranchP = 0.3,
     max_branches: opt.MaxBranches = 4,
     max_nodes: opt.MaxNodes = 16,
@@ -449,6 +450,9 @@ def run(
             )
         # One from config.toml or EDGESPEC_SYSTEM is for the prompts that have a template.
         settings = dataclasses.replace(settings, system=None)
+    if chat is False and chat_template is not None:
+        raise BadSettingError("--chat-template is for chat: drop --raw")
+    template = read_template(chat_template) if chat_template else None
     attached = read_files(files or [], prompt)
     if each_line:
         lines = prompt_lines(prompt)
@@ -469,6 +473,7 @@ def run(
         adaptive_alpha=adaptive_alpha,
         ngram=ngram,
         calibrated=calibrated,
+        chat_template=template,
     )
     from edgespec.engine import GenerationConfig
 
@@ -477,8 +482,11 @@ def run(
         GenerationConfig(**options).validate(has_draft=draft_named_or_default(settings))
         check_pipeline_mode(pipeline, settings.mode)
         note_unused_flags(settings, options)
+        if template is not None:  # so does a template that cannot render a prompt
+            check_template_renders(template, settings)
         engine = load_engine(settings, verbose, pipeline, False, adapt_threads)
-    if settings.source("system") != "flag" and engine.target.info.chat_template is None:
+    has_template = template is not None or engine.target.info.chat_template is not None
+    if settings.source("system") != "flag" and not has_template:
         options["system"] = None  # as with --raw: the file's or environment's is for templates
     if each_line:
         prompts = itertools.chain([text], lines)
@@ -504,6 +512,15 @@ def run(
         err.print(f"[dim]{result.stats.summary()}[/dim]", soft_wrap=True)
         if verbose:
             err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
+
+
+def check_template_renders(template: str, settings: Settings) -> None:
+    from edgespec.conversation import check_chat_template
+    from edgespec.gguf_info import read_gguf
+
+    target_path = resolve_model(settings.target, DEFAULT_TARGET)
+    assert target_path is not None
+    check_chat_template(template, read_gguf(target_path), settings.system)
 
 
 def stream_in_context(

@@ -29,7 +29,7 @@ from edgespec.text import valid_text
 
 from . import options as opt
 from .kept_chats import KeptChat, chats_dir, latest_chat, remember_typed_lines
-from .prompts import read_file, read_files, read_stdin, with_files
+from .prompts import read_file, read_files, read_stdin, read_template, with_files
 from .signals import Ended, ended_by_signals
 
 if TYPE_CHECKING:  # the engine imports llama.cpp: only when a chat starts
@@ -76,14 +76,7 @@ def chat(
     pipeline: opt.Pipeline = None,
     adapt_threads: opt.AdaptThreads = True,
     system: opt.System = None,
-    chat_template: Annotated[
-        Path | None,
-        typer.Option(
-            "--chat-template",
-            help="A Jinja chat template file [default: the GGUF's]",
-            parser=opt.path,
-        ),
-    ] = None,
+    chat_template: opt.ChatTemplate = None,
     files: opt.Files = None,
     continue_: Annotated[
         bool,
@@ -156,24 +149,6 @@ def chat(
         raise EdgespecError(
             f"{repl.failures} of the piped messages and commands failed (see above)"
         )
-
-
-MAX_TEMPLATE_BYTES = 1 << 20  # templates are a few kB; /dev/zero was read until memory ran out
-
-
-def read_template(path: Path) -> str:
-    try:
-        with user_path(path, "the chat template").open("rb") as f:
-            raw = f.read(MAX_TEMPLATE_BYTES + 1)
-        if len(raw) > MAX_TEMPLATE_BYTES:
-            raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
-        if not raw.strip():  # an empty one was taken as none given: the model's was used
-            raise EdgespecError(f"the chat template {path} is empty")
-        return raw.decode("utf-8")
-    except OSError as e:
-        raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise EdgespecError(f"the chat template {path} is not UTF-8 text") from None
 
 
 def take_up(

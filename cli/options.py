@@ -128,6 +128,12 @@ Pipeline = Annotated[
     ),
 ]
 System = Annotated[str | None, typer.Option(help="System message (chat template)")]
+ChatTemplate = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template", help="A Jinja chat template file [default: the GGUF's]", parser=path
+    ),
+]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")]
 BranchP = Annotated[float, typer.Option(help="Tree: a candidate this probable starts a branch")]
 MaxBranches = Annotated[int, typer.Option(help="Tree: branches at most")]

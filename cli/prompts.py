@@ -1,4 +1,5 @@
-"""Where a prompt's text comes from: an argument, stdin ("-"), and files given with it."""
+"""Where a prompt's text comes from: an argument, stdin ("-"), files given with it, and the
+chat template it is put in."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-from edgespec.errors import BadSettingError
+from edgespec.errors import BadSettingError, EdgespecError
+from edgespec.files import user_path
 from edgespec.text import valid_text
 
 MAX_PROMPT_BYTES = 64 << 20
@@ -101,3 +103,22 @@ def with_files(prompt: str, files: Sequence[tuple[str, str]]) -> str:
         block = f"{fence}\n{body}\n{fence}"
         parts.append(block if name == str(STDIN) else f"{name}:\n{block}")
     return "\n\n".join([*parts, prompt])
+
+
+MAX_TEMPLATE_BYTES = 1 << 20  # templates are a few kB; /dev/zero was read until memory ran out
+
+
+def read_template(path: Path) -> str:
+    """A chat template file's text, or one clear error."""
+    try:
+        with user_path(path, "the chat template").open("rb") as f:
+            raw = f.read(MAX_TEMPLATE_BYTES + 1)
+        if len(raw) > MAX_TEMPLATE_BYTES:
+            raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
+        if not raw.strip():  # an empty one was taken as none given: the model's was used
+            raise EdgespecError(f"the chat template {path} is empty")
+        return raw.decode("utf-8")
+    except OSError as e:
+        raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise EdgespecError(f"the chat template {path} is not UTF-8 text") from None

@@ -149,6 +149,7 @@ class GenerationConfig:
     stop: Sequence[str] = ()
     chat: bool | None = None  # None: use the chat template when the target has one
     system: str | None = None
+    chat_template: str | None = None  # a Jinja chat template; None: the target's GGUF's
     # token tree (mode "tree")
     branch_p: float = 0.3  # a candidate this probable starts a branch (LLMCad's 30 %)
     max_branches: int = 4
@@ -211,6 +212,13 @@ class GenerationConfig:
                 raise BadSettingError(f"{name} must be True or False (got {value!r})")
         if self.system is not None and not isinstance(self.system, str):
             raise BadSettingError(f"--system must be text (got {self.system!r})")
+        if self.chat_template is not None:
+            if not isinstance(self.chat_template, str):
+                raise BadSettingError(
+                    f"--chat-template must be text (got {type(self.chat_template).__name__})"
+                )
+            if self.chat is False:
+                raise BadSettingError("--chat-template is for chat: drop --raw")
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
             (all(self.stop), "--stop must not be empty (it would stop before any text)"),
@@ -619,22 +627,31 @@ class Engine:
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_tokens(
-        self, prompt: str, *, chat_mode: bool | None = None, system: str | None = None
+        self,
+        prompt: str,
+        *,
+        chat_mode: bool | None = None,
+        system: str | None = None,
+        template: str | None = None,
     ) -> list[int]:
-        """The target's tokens for a text prompt: in its chat template (with `system`), where
-        it has one and `chat_mode` is not False, else as plain text for completion."""
+        """The target's tokens for a text prompt: in a chat template (with `system`), `template`
+        or the target's own, where there is one and `chat_mode` is not False, else as plain
+        text for completion."""
         self._check_open()
         if not isinstance(prompt, str):
             raise BadSettingError(f"a prompt to tokenize is text, not {type(prompt).__name__}")
         if not prompt.strip():
             raise BadSettingError("the prompt is empty")
-        template = self.target.info.chat_template
+        if template is not None and chat_mode is False:
+            raise BadSettingError("--chat-template is for chat: drop --raw")
+        template = template or self.target.info.chat_template
         if chat_mode is None:
             chat_mode = template is not None
         if chat_mode:
             if template is None:
                 raise EdgespecError(
-                    f"{self.target.path.name} has no chat template; use --raw for plain completion"
+                    f"{self.target.path.name} has no chat template; give one with "
+                    "--chat-template, or use --raw for plain completion"
                 )
             tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
         elif system is not None:
@@ -736,12 +753,14 @@ class Engine:
         if cfg.mode is None:
             cfg = replace(cfg, mode="auto")
         if isinstance(prompt, str):
-            tokens = self.prompt_tokens(prompt, chat_mode=cfg.chat, system=cfg.system)
+            tokens = self.prompt_tokens(
+                prompt, chat_mode=cfg.chat, system=cfg.system, template=cfg.chat_template
+            )
         else:
-            if cfg.chat or cfg.system is not None:  # both were ignored, without a word
-                raise BadSettingError(
-                    "chat and system apply to a text prompt; a prompt of token ids is used as "
-                    "it is (engine.chat_tokens renders messages with a chat template)"
+            if cfg.chat or cfg.system is not None or cfg.chat_template is not None:
+                raise BadSettingError(  # they were ignored, without a word
+                    "chat, system and chat_template apply to a text prompt; a prompt of token "
+                    "ids is used as it is (engine.chat_tokens renders messages with a template)"
                 )
             tokens = self._token_prompt(prompt)
         return Stream(self, tokens, cfg)

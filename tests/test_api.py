@@ -4,6 +4,7 @@ catching apart importable from `edgespec`; arguments the CLI would check, checke
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -71,11 +72,34 @@ def test_a_second_thread_generating_while_a_round_runs_is_told_the_engine_is_bus
     assert engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text == whole
 
 
-@pytest.mark.parametrize("setting", [{"system": "Answer in French."}, {"chat": True}])
+@pytest.mark.parametrize(
+    "setting", [{"system": "Answer in French."}, {"chat": True}, {"chat_template": "{{ 1 }}"}]
+)
 def test_chat_settings_with_a_prompt_of_token_ids_are_refused_not_ignored(plain_engine, setting):
     ids = plain_engine.prompt_tokens(PROMPT, chat_mode=False)
-    with pytest.raises(BadSettingError, match="chat and system apply to a text prompt"):
+    with pytest.raises(BadSettingError, match="chat, system and chat_template apply to a text"):
         plain_engine.generate(ids, max_tokens=2, **setting)
+
+
+# A chat template with no control tokens: its prompt is the same text given raw.
+QA_TEMPLATE = "{% for m in messages %}Q: {{ m.content }}\n{% endfor %}A:"
+
+
+def test_a_chat_template_given_is_used_in_place_of_the_gguf_s(plain_engine):
+    assert plain_engine.target.info.chat_template is not None  # SmolLM2's ChatML, not used
+    given = plain_engine.generate(PROMPT, max_tokens=8, mode="target", chat_template=QA_TEMPLATE)
+    raw = plain_engine.generate(f"Q: {PROMPT}\nA:", max_tokens=8, mode="target", chat=False)
+    assert given.text == raw.text and given.stats.n_prompt_tokens == raw.stats.n_prompt_tokens
+
+
+@pytest.mark.parametrize(
+    "setting, said",
+    [({"chat": False}, "--chat-template is for chat: drop --raw"), ({}, "must be text (got int)")],
+)
+def test_a_chat_template_for_a_raw_prompt_or_not_text_is_refused(plain_engine, setting, said):
+    template = QA_TEMPLATE if setting else 5
+    with pytest.raises(BadSettingError, match=re.escape(said)):
+        plain_engine.generate(PROMPT, max_tokens=2, chat_template=template, **setting)
 
 
 def test_only_text_is_tokenized_as_a_prompt(plain_engine):

@@ -884,6 +884,45 @@ def test_a_chat_without_a_usable_template_fails_before_loading_anything(
     one_line_error(code, err, "has no chat template" if given is None else "ZeroDivisionError")
 
 
+QA_TEMPLATE = "{% for m in messages %}Q: {{ m.content }}\n{% endfor %}A:"
+
+
+def test_run_puts_the_prompt_in_a_chat_template_given(capsys, smol_without_template, tmp_path):
+    """For a GGUF without one (or with one that does not serve): chat had --chat-template,
+    run only --raw."""
+    template = tmp_path / "qa.jinja"
+    template.write_text(QA_TEMPLATE)
+    model = ["-m", str(smol_without_template), "--mode", "target", "-n", "8"]
+    code, given, _ = cli(capsys, "run", *model, "--chat-template", str(template), "2 + 2 =")
+    assert code == 0
+    code, raw, _ = cli(capsys, "run", *model, "--raw", "Q: 2 + 2 =\nA:")
+    assert code == 0 and given == raw and given.strip()
+
+
+@pytest.mark.parametrize(
+    "given, extra, said",
+    [
+        ("{{ 1/0 }}", [], "ZeroDivisionError"),
+        (QA_TEMPLATE, ["--raw"], "--chat-template is for chat: drop --raw"),
+        (None, [], "cannot read the chat template"),
+        ("", [], "is empty"),
+    ],
+    ids=["failing", "with-raw", "missing", "empty"],
+)
+def test_run_with_a_chat_template_that_cannot_serve_fails_before_loading_anything(
+    capsys, smol_path, tmp_path, monkeypatch, given, extra, said
+):
+    import edgespec
+
+    monkeypatch.setattr(edgespec, "load", pytest.fail)
+    template = tmp_path / "template.jinja"
+    if given is not None:
+        template.write_text(given)
+    args = ["-m", str(smol_path), "--chat-template", str(template), *extra, "hi"]
+    code, _, err = cli(capsys, "run", *args)
+    one_line_error(code, err, said)
+
+
 def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys, smol_path):
     code, _, err = cli(capsys, "run", "-m", str(smol_path), "-c", "64", "word " * 200)
     one_line_error(code, err, "prompt has", "the context holds 64")
