@@ -31,7 +31,7 @@ demo: models
 	$(BIN)/edgespec run -n 128 "$$EDGESPEC_DEMO_PROMPT"
 
 test: $(VENV)/.dev
-	$(BIN)/edgespec models fetch smollm2-135m
+	$(BIN)/edgespec models fetch smollm2-135m gemma3-270m
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.dev
