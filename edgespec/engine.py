@@ -212,13 +212,10 @@ class GenerationConfig:
                 raise BadSettingError(f"{name} must be True or False (got {value!r})")
         if self.system is not None and not isinstance(self.system, str):
             raise BadSettingError(f"--system must be text (got {self.system!r})")
-        if self.chat_template is not None:
-            if not isinstance(self.chat_template, str):
-                raise BadSettingError(
-                    f"--chat-template must be text (got {type(self.chat_template).__name__})"
-                )
-            if self.chat is False:
-                raise BadSettingError("--chat-template is for chat: drop --raw")
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise BadSettingError(
+                f"--chat-template must be text (got {type(self.chat_template).__name__})"
+            )
         checks = [
             (self.max_tokens >= 1, f"--max-tokens must be at least 1 (got {self.max_tokens})"),
             (all(self.stop), "--stop must not be empty (it would stop before any text)"),
