@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Collection
 from datetime import datetime
@@ -24,6 +25,8 @@ MAX_RENDERED_CHARS = 1 << 26
 @lru_cache(maxsize=8)
 def _compile(template: str):
     import jinja2
+    import jinja2.ext
+    import jinja2.nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
@@ -50,13 +53,36 @@ def _compile(template: str):
                 )
             return super().call_binop(context, operator, left, right)
 
+    class Generation(jinja2.ext.Extension):
+        """`{% generation %}…{% endgeneration %}`, which marks an assistant's text for training
+        in Hugging Face's rendering: its body, as it is."""
+
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller) -> str:
+            return caller()
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        """Hugging Face's: JSON as it is, where jinja's own escapes <, >, & and ' for HTML."""
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+            sort_keys=sort_keys,
+        )  # fmt: skip
+
     # The same environment Hugging Face uses for these templates (bounded as above), so they
     # render the same way.
     env = BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"]
     )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(template)
     except Exception as e:  # a GGUF's template is untrusted: whatever fails is its fault

@@ -955,6 +955,27 @@ def test_a_chat_template_that_fails_is_an_error_at_the_start(small_engine, templ
         Conversation(small_engine, template=template)
 
 
+@pytest.mark.parametrize(
+    ("template", "rendered"),
+    [
+        # jinja's own tojson escapes for HTML: "a \u003cb\u003e \u0026 \u0027c\u0027"
+        ("{{ messages[0].content | tojson }}", "\"a <b> & 'c' ünï\""),
+        (
+            "{{ messages[0] | tojson(indent=1) }}",
+            '{\n "role": "user",\n "content": "a <b> & \'c\' ünï"\n}',
+        ),
+        ("{% generation %}{{ messages[0].role }}{% endgeneration %}", "user"),
+    ],
+    ids=["tojson", "tojson-indented", "generation-block"],
+)
+def test_templates_render_as_hugging_face_renders_them(template, rendered):
+    """A GGUF's template was written for Hugging Face's renderer: its tojson filter (jinja's
+    own escaped text for HTML) and its `{% generation %}` blocks (which did not parse here)."""
+    from edgespec.chat import render
+
+    assert render(template, [{"role": "user", "content": "a <b> & 'c' ünï"}]) == rendered
+
+
 def test_a_message_too_long_for_the_context_is_an_error_and_changes_nothing(small_engine):
     conversation = Conversation(small_engine)
     conversation.messages = turns(1, words=2)
