@@ -98,14 +98,23 @@ def remember_typed_lines() -> Callable[[], None]:
     import readline
 
     path = typed_lines_file()
-    readline.set_history_length(TYPED_LINES)
+    readline.set_history_length(TYPED_LINES)  # the file's, written; none in memory
     with contextlib.suppress(OSError):
         readline.read_history_file(path)
+    earlier = readline.get_current_history_length()
+    # Only this chat's lines are added to the file (and it is cut to its last TYPED_LINES):
+    # two chats at once each keep theirs, where a whole history written back lost the first
+    # one's. Not with libedit's readline (macOS), which lacks it.
+    append = getattr(readline, "append_history_file", None)
 
     def write_back() -> None:
         with contextlib.suppress(OSError):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.touch(mode=0o600)  # as the chats: what a person typed is theirs
-            readline.write_history_file(path)
+            typed = readline.get_current_history_length() - earlier
+            if append is None:
+                readline.write_history_file(path)
+            elif typed > 0:
+                append(typed, path)
 
     return write_back

@@ -210,6 +210,25 @@ def test_a_chat_at_a_terminal_is_kept_after_every_answer_and_a_cleared_one_stays
     assert stat.S_IMODE(typed.stat().st_mode) == 0o600
 
 
+def test_two_chats_at_once_each_keep_the_lines_typed_in_them(smol_path, tmp_path):
+    """The last to end wrote the history it began with and its own lines: the other's lost."""
+    first = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    second = Terminal(chat_argv(smol_path), chat_env(tmp_path))
+    try:
+        for term, temp in ((first, "0.1"), (second, "0.2")):
+            term.expect(r"^>>> ")
+            term.command(f"/set temp {temp}")
+        for term in (first, second):
+            term.send_line("/bye")
+            assert term.exit_code() == 0
+    finally:
+        first.kill()
+        second.kill()
+    typed = (tmp_path / "home" / "typed-lines").read_text().splitlines()
+    assert typed.count("/set temp 0.1") == typed.count("/set temp 0.2") == 1
+    assert typed.count("/bye") == 2
+
+
 def test_continue_takes_up_the_latest_kept_chat_and_keeps_it_in_the_same_file(smol_path, tmp_path):
     term = Terminal(chat_argv(smol_path), chat_env(tmp_path))
     try:
