@@ -98,7 +98,7 @@ def remember_typed_lines() -> Callable[[], None]:
     import readline
 
     path = typed_lines_file()
-    readline.set_history_length(TYPED_LINES)  # the file's, written; none in memory
+    readline.set_history_length(TYPED_LINES)  # what the file keeps (memory keeps all)
     with contextlib.suppress(OSError):
         readline.read_history_file(path)
     earlier = readline.get_current_history_length()
