@@ -89,7 +89,14 @@ def check_chat_template(given: str | None, target: GGUFInfo, system: str | None)
     """Fail now, before any model is loaded, where a chat could not render a first question:
     no template, or one that fails (rendered as Conversation will, but without the model's
     BOS and EOS texts, which only the loaded model knows)."""
-    render(chat_template(given, target), messages_for("Hello", system))
+    try:
+        render(chat_template(given, target), messages_for("Hello", system))
+    except ChatTemplateError as e:
+        if given is not None:
+            raise
+        raise ChatTemplateError(  # the GGUF's: what can be done instead
+            f"{e} (the template in {target.path.name}: give another with --chat-template)"
+        ) from None
 
 
 class Conversation:

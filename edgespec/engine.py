@@ -641,6 +641,7 @@ class Engine:
             raise BadSettingError("the prompt is empty")
         if template is not None and chat_mode is False:
             raise BadSettingError("--chat-template is for chat: drop --raw")
+        given = template is not None
         template = template or self.target.info.chat_template
         if chat_mode is None:
             chat_mode = template is not None
@@ -650,7 +651,15 @@ class Engine:
                     f"{self.target.path.name} has no chat template; give one with "
                     "--chat-template, or use --raw for plain completion"
                 )
-            tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
+            try:
+                tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
+            except chat.ChatTemplateError as e:
+                if given:
+                    raise
+                raise chat.ChatTemplateError(  # the GGUF's: what can be done instead
+                    f"{e} (the template in {self.target.path.name}: give another with "
+                    "--chat-template, or use --raw)"
+                ) from None
         elif system is not None:
             why = "--raw" if template is not None else f"{self.target.path.name} has none"
             raise BadSettingError(

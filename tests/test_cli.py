@@ -899,6 +899,26 @@ def test_run_puts_the_prompt_in_a_chat_template_given(capsys, smol_without_templ
     assert code == 0 and given == raw and given.strip()
 
 
+def test_a_gguf_whose_template_fails_says_what_to_do_instead(capsys, smol_path, tmp_path):
+    """A GGUF's template that fails in this renderer (one written for another) left `--raw`
+    unsaid, and `--chat-template` did not exist for run."""
+    failing = tmp_path / "smollm2-135m-failing-template.gguf"
+    command = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--force"]
+    command += ["--chat-template", "{{ 1/0 }}", str(smol_path), str(failing)]
+    subprocess.run(command, check=True, capture_output=True)
+    code, _, err = cli(capsys, "run", "-m", str(failing), "-n", "4", "hi")
+    one_line_error(
+        code, err, "ZeroDivisionError", "give another with --chat-template, or use --raw"
+    )
+    code, _, err = cli(capsys, "chat", "-m", str(failing))
+    one_line_error(code, err, "ZeroDivisionError", "give another with --chat-template")
+    template = tmp_path / "qa.jinja"
+    template.write_text(QA_TEMPLATE)
+    code, out, _ = cli(capsys, "run", "-m", str(failing), "--chat-template", str(template),
+                       "-n", "4", "hi")  # fmt: skip
+    assert code == 0 and out.strip()
+
+
 @pytest.mark.parametrize(
     "given, extra, said",
     [
