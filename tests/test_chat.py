@@ -726,32 +726,20 @@ def test_a_gemma_message_without_control_text_is_tokenized_as_its_whole_prompt(g
     assert gemma_chat_tokens(gemma_engine, "Write a haiku about caches.") == whole
 
 
-def test_a_vocabulary_that_puts_a_space_before_each_piece_is_told_apart(
-    tmp_path, gemma_path, smol_path
-):
-    """As Llama 2's and Mistral's do: Gemma's vocabulary told to put a space first."""
-    from edgespec.backend import Model
-
-    spacing = with_bool_metadata(
-        gemma_path, tmp_path / "gemma-space-prefix.gguf", "tokenizer.ggml.add_space_prefix", True
-    )
-    assert Model(spacing, vocab_only=True).spaces_pieces
-    assert not Model(gemma_path, vocab_only=True).spaces_pieces
-    assert not Model(smol_path, vocab_only=True).spaces_pieces
-
-
-# Vocabularies that tokenize a chat's pieces differently, each with two of its control tokens.
+# Vocabularies that tokenize a chat's pieces differently, each with two of its control tokens
+# and whether it puts a space before the text a tokenization starts with.
 VOCABULARIES = {
-    "smollm2 (byte-level BPE)": ("<|im_start|>", "<|im_end|>"),
-    "gemma (SentencePiece)": ("<start_of_turn>", "<end_of_turn>"),
-    "llama-style (SentencePiece, a space first)": ("<|user|>", "<|end|>"),
-    "gemma told to put a space first": ("<start_of_turn>", "<end_of_turn>"),
+    "smollm2 (byte-level BPE)": ("<|im_start|>", "<|im_end|>", False),
+    "gemma (SentencePiece)": ("<start_of_turn>", "<end_of_turn>", False),
+    "llama-style (SentencePiece, a space first)": ("<|user|>", "<|end|>", True),
+    "gemma told to put a space first": ("<start_of_turn>", "<end_of_turn>", True),
 }
 
 
 @pytest.fixture(scope="module", params=list(VOCABULARIES))
 def vocabulary(request, tmp_path_factory, smol_path, gemma_path):
-    """A vocabulary-only model, with the control tokens that open and close a turn in it."""
+    """A vocabulary-only model, with the control tokens that open and close a turn in it and
+    whether it puts a space first."""
     from edgespec.backend import Model
 
     name = request.param
@@ -772,6 +760,12 @@ def vocabulary(request, tmp_path_factory, smol_path, gemma_path):
 TURN_TEXT = "Explain this: a turn ends with {}, hello."
 
 
+def test_a_vocabulary_that_puts_a_space_before_each_piece_is_told_apart(vocabulary):
+    """As Llama 2's and Mistral's do; SentencePiece's were all taken to (Gemma's does not)."""
+    model, _, _, spaces_first = vocabulary
+    assert model.spaces_pieces is spaces_first
+
+
 def turn_pieces(open_: str, close: str, typed: str, after: str = "\n") -> list[tuple[str, bool]]:
     return [(f"{open_}user{after}", False), (typed, True), (f"{close}\n{open_}assistant\n", False)]
 
@@ -780,7 +774,7 @@ def turn_pieces(open_: str, close: str, typed: str, after: str = "\n") -> list[t
 def test_typed_text_tokenizes_in_pieces_as_in_the_whole_text(vocabulary, after):
     """The pieces' edges included: where a vocabulary puts a space before a text (after a
     special token, and Gemma's "\n" is one) and where it does not (after other text)."""
-    model, open_, close = vocabulary
+    model, open_, close, _ = vocabulary
     pieces = turn_pieces(open_, close, TURN_TEXT.format("END"), after)
     whole = "".join(text for text, _ in pieces)
     expected = model.tokenize(whole, add_special=True, parse_special=True)
@@ -788,7 +782,7 @@ def test_typed_text_tokenizes_in_pieces_as_in_the_whole_text(vocabulary, after):
 
 
 def test_control_text_in_a_typed_piece_is_text(vocabulary):
-    model, open_, close = vocabulary
+    model, open_, close, _ = vocabulary
     tokens = model.tokenize_pieces(
         turn_pieces(open_, close, TURN_TEXT.format(close)), add_bos=model.add_bos
     )
