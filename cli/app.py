@@ -514,7 +514,9 @@ def run(
             err.print(f"[dim]{placement_report(result.stats)}[/dim]", soft_wrap=True)
 
 
-def check_template_renders(template: str, settings: Settings) -> None:
+def check_template_renders(template: str | None, settings: Settings) -> None:
+    """Before any model is loaded: a chat template, `template` or the target's, that cannot
+    render a first question is its error (conversation.check_chat_template)."""
     from edgespec.conversation import check_chat_template
     from edgespec.gguf_info import read_gguf
 

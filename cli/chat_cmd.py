@@ -88,20 +88,18 @@ def chat(
     verbose: opt.Verbose = False,
 ) -> None:
     """Chat with the model; /? lists the commands, /bye or Ctrl+D leaves."""
-    from edgespec.conversation import Conversation, check_chat_template, read_saved
+    from edgespec.conversation import Conversation, read_saved
     from edgespec.engine import GenerationConfig
-    from edgespec.gguf_info import read_gguf
 
     from .app import (
-        DEFAULT_TARGET,
         check_pipeline_mode,
+        check_template_renders,
         draft_named_or_default,
         generation_options,
         let_stdout_go,
         load_engine,
         note,
         resolve,
-        resolve_model,
         sources_named,
     )
 
@@ -126,9 +124,7 @@ def chat(
         GenerationConfig(**generation_options(settings)).validate(draft_named_or_default(settings))
         check_pipeline_mode(pipeline, settings.mode)  # `/set mode` later: chains pipelined only
         # So does a template that cannot serve: not after loading, and a first use's measuring.
-        target_path = resolve_model(settings.target, DEFAULT_TARGET)
-        assert target_path is not None
-        check_chat_template(template, read_gguf(target_path), settings.system)
+        check_template_renders(template, settings)
         engine = load_engine(
             settings, verbose, pipeline, adapt_threads=adapt_threads, named_draft=True
         )

@@ -261,14 +261,7 @@ class Model:
         """The bytes of one token (control tokens render as nothing). May be part of a character."""
         cached = self._piece_cache.get(token)
         if cached is None:
-            n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
-            if n < 0:  # a longer piece (Qwen's longest is 256 bytes): -n is its length
-                buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-                cached = buf.raw[: max(n, 0)]
-            else:
-                cached = self._piece_buf.raw[:n]
-            self._piece_cache[token] = cached
+            cached = self._piece_cache[token] = self._text(token, control_text=False)
         return cached
 
     def detokenize(self, tokens: Sequence[int]) -> str:
@@ -324,14 +317,14 @@ class Model:
                 return rest
         return None
 
-    def _text(self, token: int) -> bytes:
-        """What a token stands for in a text, a control token's text included."""
-        buf = ctypes.create_string_buffer(256)
-        n = ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)
-        if n < 0:  # a longer text: -n is its length
+    def _text(self, token: int, *, control_text: bool = True) -> bytes:
+        """What a token stands for in a text; a control token's text, or nothing."""
+        n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, control_text)
+        if n < 0:  # a longer text (Qwen's longest is 256 bytes): -n is its length
             buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
-        return buf.raw[: max(n, 0)]
+            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, control_text)
+            return buf.raw[: max(n, 0)]
+        return self._piece_buf.raw[:n]
 
     def reads_control_tokens(self, text: str) -> bool:
         """Whether tokenizing `text` with special tokens parsed reads control tokens in it (a

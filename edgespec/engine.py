@@ -642,7 +642,7 @@ class Engine:
         if template is not None and chat_mode is False:
             raise BadSettingError("--chat-template is for chat: drop --raw")
         given = template is not None
-        template = template or self.target.info.chat_template
+        template = template if given else self.target.info.chat_template
         if chat_mode is None:
             chat_mode = template is not None
         if chat_mode:
