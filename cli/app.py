@@ -97,6 +97,12 @@ def note(message: str) -> None:
     err.print(message, style="dim", markup=False, soft_wrap=True)
 
 
+def note_unknown_variables() -> None:
+    """Name each EDGESPEC_* variable nothing reads, with the one it may mean."""
+    for line in unknown_variables(os.environ):
+        note(line)
+
+
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
@@ -436,6 +442,7 @@ def run(
     if quiet and verbose:
         raise BadSettingError("--quiet and --verbose ask for opposite things; give one")
     err.quiet = quiet  # main() makes it loud again
+    note_unknown_variables()
     flags = dict(
         target=target, draft=draft, mode=mode, threads=threads, draft_threads=draft_threads,
         target_cpus=target_cpus, draft_cpus=draft_cpus,
@@ -812,11 +819,12 @@ def _main(argv: list[str] | None) -> int:
         return 1
     if sys.stdin is None:  # stdin closed (`<&-`): as empty, which "-" then says
         sys.stdin = open(os.devnull)  # noqa: SIM115 (for the life of the process)
-    for line in unknown_variables(os.environ):
-        note(line)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["run"]:  # run says them itself, unless asked to be --quiet
+        note_unknown_variables()
     command = typer.main.get_command(app)
     try:
-        rv = command.main(args=argv, prog_name="edgespec", standalone_mode=False)
+        rv = command.main(args=args, prog_name="edgespec", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:
         # typer raises this to show help when called with no arguments
         print(e.ctx.get_help() if e.ctx else "", file=sys.stderr)

@@ -513,10 +513,14 @@ def test_run_pipelines_chains_when_asked_and_reports_it(capsys, smol_path):
     assert code == 0 and json.loads(out)["stats"]["pipelined_evals"] == 0
 
 
-def test_quiet_prints_the_text_and_nothing_on_stderr_but_errors(capsys, smol_path, tmp_path):
+def test_quiet_prints_the_text_and_nothing_on_stderr_but_errors(
+    capsys, smol_path, tmp_path, monkeypatch
+):
     notes = tmp_path / "notes.txt"
     notes.write_text("The meeting moved to Thursday at 10:00 in room 4.\n" * 130)
-    # A note (--top-p at --temp 0), a larger context said, a summary: all unsaid.
+    monkeypatch.setenv("EDGESPEC_TEMPERATURE", "0.7")
+    # Notes (--top-p at --temp 0, a misspelt variable), a larger context said, a summary: all
+    # unsaid.
     args = ["run", "-m", str(smol_path), "--mode", "target", "-n", "4", "--top-p", "0.5"]
     code, out, err = cli(capsys, *args, "-q", "-f", str(notes), "When?")
     assert code == 0 and out.strip() and err == ""
@@ -524,6 +528,7 @@ def test_quiet_prints_the_text_and_nothing_on_stderr_but_errors(capsys, smol_pat
     one_line_error(code, err, "but the context holds 512")
     code, _, err = cli(capsys, *args, "Hello")  # the next run in the process says its summary
     assert code == 0 and "tok/s" in err and "--top-p does nothing" in err
+    assert "EDGESPEC_TEMPERATURE is not a variable edgespec reads" in err
     code, _, err = cli(capsys, *args, "-q", "-v", "Hello")
     one_line_error(code, err, "--quiet and --verbose")
     assert code == 2
