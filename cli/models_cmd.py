@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -15,7 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
+from rich.text import Text
 
 from edgespec import catalogue
 from edgespec.errors import EdgespecError
@@ -36,15 +37,22 @@ def _fail(message: str, exit_code: int = 1) -> NoReturn:
 def list_models() -> None:
     """Show every catalogue model: size, whether it is fetched, the room taken by the copies
     edgespec made of it (a draft's faster forms), what it is."""
-    table = Table("name", "size (MiB)", "fetched", "copies (MiB)", "description")
-    table.columns[1].justify = table.columns[3].justify = "right"
+    # A line a model and its description under it, not a table: a phone's terminal (40-60
+    # columns) squeezed a table's description column to a few letters a line.
+    console = Console(highlight=False)
+    width = max(console.width, 20)
     for s in catalogue.specs().values():
-        fetched = "yes" if catalogue.is_fetched(s.name) else "no"
+        state = "fetched" if catalogue.is_fetched(s.name) else "not fetched"
         # A draft's copies (made on first use) can take more room than the draft itself.
         copies = sum(p.stat().st_size for p in catalogue.made_from(model_file(s.name)))
-        shown = f"{copies / 2**20:.0f}" if copies else ""
-        table.add_row(s.name, f"{s.size / 2**20:.0f}", fetched, shown, s.description)
-    Console().print(table)
+        made = f", copies made of it {copies / 2**20:.0f} MiB" if copies else ""
+        head = f"{s.name}  {s.size / 2**20:.0f} MiB, {state}{made}"
+        head = textwrap.fill(head, width, subsequent_indent="    ")
+        line = Text(head)
+        line.stylize("bold", 0, len(s.name))
+        console.print(line, soft_wrap=True)
+        about = textwrap.fill(s.description, width, initial_indent="  ", subsequent_indent="  ")
+        console.print(about, style="dim", markup=False, soft_wrap=True)
 
 
 def model_file(name: str) -> Path:

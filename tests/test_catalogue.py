@@ -261,15 +261,39 @@ def run(*args: str):
     return CliRunner().invoke(app, ["models", *args])
 
 
+def listed(columns: int = 100) -> dict[str, tuple[str, str]]:
+    """`models list` at a terminal this wide: each model's line (its name left out) and its
+    description, each joined back from the lines it wrapped to (indented by 4 and by 2)."""
+    shown = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": str(columns)}).stdout
+    lines = shown.splitlines()
+    assert all(len(line) <= columns for line in lines)
+    models: dict[str, tuple[str, str]] = {}
+    heads = [i for i, line in enumerate(lines) if not line.startswith(" ")]
+    for i, end in zip(heads, [*heads[1:], len(lines)], strict=True):
+        name, _, head = lines[i].partition("  ")
+        rest = lines[i + 1 : end]
+        head_rest = [line.strip() for line in rest if line.startswith("    ")]
+        about = [line.strip() for line in rest if not line.startswith("    ")]
+        models[name] = " ".join([head, *head_rest]), " ".join(about)
+    return models
+
+
 def test_models_list_shows_every_model_and_whether_it_is_fetched():
     fake_fetched("gemma3-270m")
-    result = run("list")
-    assert result.exit_code == 0
-    for name in EXPECTED_SIZES:
-        assert name in result.stdout
-    cells = [line.split() for line in result.stdout.splitlines()]
-    fetched = {row[1]: row[5] for row in cells if len(row) > 5 and row[1] in EXPECTED_SIZES}
-    assert fetched == {**dict.fromkeys(EXPECTED_SIZES, "no"), "gemma3-270m": "yes"}
+    models = listed()
+    assert list(models) == list(catalogue.specs())
+    fetched = {name: head.split(", ")[1] for name, (head, _) in models.items()}
+    assert fetched == {**dict.fromkeys(EXPECTED_SIZES, "not fetched"), "gemma3-270m": "fetched"}
+    for name, (head, _) in models.items():
+        assert head.startswith(f"{catalogue.spec(name).size / 2**20:.0f} MiB, ")
+
+
+@pytest.mark.parametrize("columns", [40, 60, 100])
+def test_models_list_reads_whole_on_a_phone_s_narrow_terminal(columns):
+    # A table's description column came out a few letters a line, its headers cut ("fet…").
+    for name, (head, description) in listed(columns).items():
+        assert description.split() == catalogue.spec(name).description.split()
+        assert head.endswith("not fetched")
 
 
 def copies_of(model: Path) -> list[Path]:
@@ -296,8 +320,8 @@ def test_made_from_names_every_copy_edgespec_makes_of_a_model_and_nothing_else()
 
 def test_models_list_shows_the_room_the_copies_of_a_model_take():
     copies_of(fake_fetched("qwen2.5-coder-0.5b"))  # 1 + 2 + ... + 6 MiB
-    row = next(line for line in run("list").stdout.splitlines() if "qwen2.5-coder-0.5b" in line)
-    assert row.split("│")[3:5] == [" yes     ", f"{21:>13} "]
+    head, _ = listed(60)["qwen2.5-coder-0.5b"]
+    assert head.endswith(" MiB, fetched, copies made of it 21 MiB")
 
 
 def test_models_rm_deletes_a_model_and_its_copies_and_says_the_room_freed():
