@@ -34,6 +34,7 @@ LEGEND = (
     " listed below, with whether it parted at a near tie; – when sampling)."
 )
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
+MIN_BAR_WIDTH = 10  # ... where the terminal is narrower: rich wraps what is left
 
 
 def bench(
@@ -191,7 +192,7 @@ def bench(
         console.print(line, markup=False, soft_wrap=True)
     for line in divergence_lines(report) + thread_lines(report):
         console.print(line, markup=False, soft_wrap=True)
-    console.print(ratio_chart(report))
+    console.print(ratio_chart(report, console.width))
     for line in overall_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     if unwritten is not None:
@@ -343,12 +344,21 @@ def ratio_bar(ratio: float, scale_max: float, width: int = BAR_WIDTH) -> str:
     return "".join(cells)
 
 
-def ratio_chart(report: BenchReport) -> Table:
+def ratio_chart(report: BenchReport, width: int = 80) -> Table:
     """Median speed over plain decoding per mode and class, as bars against a 1.0× line, and
-    how sure the run is of each (`NoiseInterval`; none with one repeat)."""
+    how sure the run is of each (`NoiseInterval`; none with one repeat), in `width` columns."""
     ratios = [s.median_ratio for s in report.classes if s.median_ratio is not None]
     # At least 0..2×, so that 1.0× sits mid-bar and small differences stay visible.
     scale_max = max(2.0, *ratios) if ratios else 2.0
+    # The bars take what the other columns leave (two spaces between columns): at 80 columns,
+    # a log's width, full bars cut the intervals to "0.83–0.…".
+    others = [
+        max(map(len, report.class_names), default=0),
+        max((len(s.mode) for s in report.classes), default=0),
+        len(f"{scale_max:.2f}×"),
+        max((len(_interval(s.interval)) for s in report.classes), default=0),
+    ]
+    bar_width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, width - sum(others) - 2 * len(others)))
     chart = Table(
         title=(
             f"speed over plain decoding (│ = 1.0×, bar end = {scale_max:.2f}×): class medians, "
@@ -369,7 +379,7 @@ def ratio_chart(report: BenchReport) -> Table:
             if s.median_ratio is None:
                 bar, label, style = "", "–", ""
             else:
-                bar = ratio_bar(s.median_ratio, scale_max)
+                bar = ratio_bar(s.median_ratio, scale_max, bar_width)
                 label = f"{s.median_ratio:.2f}×"
                 style = "dim" if s.mode == BASELINE else "green" if s.median_ratio > 1 else "red"
             interval = "" if s.mode == BASELINE else _interval(s.interval)

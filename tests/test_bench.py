@@ -23,6 +23,7 @@ from edgespec.bench import (
     BenchReport,
     ClassSummary,
     Divergence,
+    NoiseInterval,
     available_modes,
     checked_modes,
     cpu_generation,
@@ -42,6 +43,7 @@ from edgespec.cli.bench_cmd import (
     divergence_lines,
     overall_lines,
     ratio_bar,
+    ratio_chart,
     spread_line,
     thread_lines,
 )
@@ -333,6 +335,33 @@ def test_a_class_table_in_80_columns_wraps_a_long_mode_name_not_the_numbers():
     shown = console.export_text()
     assert "…" not in shown and shown.count("3.36") == len(modes)
     assert all(len(line) <= 80 for line in shown.splitlines())
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_ratio_chart_fits_its_width_with_every_interval_whole(width):
+    """At 80 columns (a log) the bars took the room of the intervals: "0.83–0.…"."""
+    from rich.console import Console
+
+    def summary(mode: str, class_name: str, ratio: float) -> ClassSummary:
+        interval = NoiseInterval(ratio, ratio - 0.05, ratio + 0.07, 12)
+        return ClassSummary(mode, class_name, 23.4, ratio, ratio, 0.9, 2.0, 0.5, 2.5, 1.0, 3, 3,
+                            None if mode == BASELINE else interval)  # fmt: skip
+
+    modes = [BASELINE, "chain", "tree", "ngram", "auto", "llama", "llama-lookup"]
+    classes = [
+        summary(m, c, 0.8 + 0.1 * i) for c in ("code", "summary") for i, m in enumerate(modes)
+    ]
+    report = BenchReport({}, None, [], [], classes)  # type: ignore[arg-type]
+    console = Console(width=width, record=True)
+    console.print(ratio_chart(report, width))
+    shown = console.export_text()
+    assert all(len(line) <= width for line in shown.splitlines())
+    for s in classes[1 : len(modes)]:
+        assert f"{s.interval.low:.2f}–{s.interval.high:.2f}" in shown
+        assert f"{s.median_ratio:.2f}×" in shown
+    bars = [line for line in shown.splitlines() if "│" in line and "█" in line]
+    assert len(bars) == len(classes)
+    assert max(line.count("█") for line in bars) >= 10
 
 
 def test_a_ratio_bar_marks_one_x_and_grows_with_the_ratio():
