@@ -813,6 +813,16 @@ def main(argv: list[str] | None = None) -> int:
         err.quiet = False  # `run --quiet` silenced it for its own run
 
 
+def _usage_message(e: click_exceptions.UsageError) -> str:
+    """click's message; a prompt missing was most often meant to come from stdin (`cat notes.txt
+    | edgespec run`), so that one says how."""
+    message = e.format_message()
+    missing = isinstance(e, click_exceptions.MissingParameter) and e.param is not None
+    if missing and e.param.name == "prompt":
+        return f"{message.rstrip('.')}: give the text, or - to read it from stdin"
+    return message
+
+
 def _main(argv: list[str] | None) -> int:
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         print("error: stdout is closed: there is nowhere to write to", file=sys.stderr)
@@ -830,7 +840,7 @@ def _main(argv: list[str] | None) -> int:
         print(e.ctx.get_help() if e.ctx else "", file=sys.stderr)
         return 2
     except click_exceptions.UsageError as e:
-        print(f"error: {e.format_message()}", file=sys.stderr)
+        print(f"error: {_usage_message(e)}", file=sys.stderr)
         return 2
     except typer.Exit as e:
         return e.exit_code

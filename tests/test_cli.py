@@ -584,6 +584,12 @@ def test_inspect_takes_a_catalogue_name_for_its_fetched_file_and_fetches_nothing
     one_line_error(code, err, f"{SMOL} is not fetched yet: edgespec models fetch {SMOL}")
 
 
+def test_a_run_without_a_prompt_says_how_to_give_one_from_stdin(capsys):
+    code, out, err = cli(capsys, "run")  # `cat notes.txt | edgespec run` forgot the "-"
+    assert code == 2 and out == ""
+    assert err == "error: Missing argument 'prompt': give the text, or - to read it from stdin\n"
+
+
 def test_a_misspelt_variable_is_noted_and_the_command_runs(capsys, monkeypatch):
     monkeypatch.setenv("EDGESPEC_TEMPERATURE", "0.7")
     code, out, err = cli(capsys, "config", "path")
