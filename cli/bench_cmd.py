@@ -35,6 +35,11 @@ LEGEND = (
 )
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
 MIN_BAR_WIDTH = 10  # ... where the terminal is narrower: rich wraps what is left
+MODE_WIDTH = 12  # the class tables' mode column, at most: longer names wrap
+# The class tables' columns left out first where a terminal is too narrow for all (a phone's):
+# the speed over plain decoding, its lowest prompt and whether the text was plain decoding's are
+# what say whether a mode pays; the rest says why.
+NARROW_DROPS = ("draft\n/pass", "py ms\n/pass", "pass\n/tok", "mean\nacc.", "accept\n%", "tok/s")
 
 
 def bench(
@@ -186,7 +191,7 @@ def bench(
     console = Console(highlight=False)
     console.print(_header(report), markup=False, soft_wrap=True)
     for class_name in report.class_names:
-        console.print(class_table(report.summaries(class_name), class_name))
+        console.print(class_table(report.summaries(class_name), class_name, console.width))
     console.print(LEGEND, style="dim", markup=False)
     if line := spread_line(report):
         console.print(line, markup=False, soft_wrap=True)
@@ -246,43 +251,55 @@ def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def class_table(summaries: list[ClassSummary], class_name: str) -> Table:
+def class_table(summaries: list[ClassSummary], class_name: str, width: int = 80) -> Table:
+    """A class's modes, a row each, in `width` columns: where they do not all fit (a phone's
+    terminal) the columns least needed to judge a mode are left out, and the caption says so."""
+    cells = {  # header (two short lines: ten columns fit in 80) -> each row's cell
+        "tok/s": [f"{s.tokens_per_s:.1f}" for s in summaries],
+        "×\nplain": [_fmt(s.median_ratio, ".2f") for s in summaries],
+        "min\n×": [_fmt(s.min_ratio, ".2f") for s in summaries],
+        "accept\n%": [
+            _fmt(None if s.acceptance is None else s.acceptance * 100, ".0f") for s in summaries
+        ],
+        "mean\nacc.": [_fmt(s.mean_accepted, ".2f") for s in summaries],
+        "pass\n/tok": [_fmt(s.passes_per_token, ".2f") for s in summaries],
+        "draft\n/pass": [_fmt(s.draft_evals_per_pass, ".1f") for s in summaries],
+        "py ms\n/pass": [_fmt(s.overhead_ms, ".2f") for s in summaries],
+        "same\nplain": [
+            "–" if s.n_same is None else f"{s.n_same}/{s.n_prompts}" for s in summaries
+        ],
+    }
+
+    def room(header: str) -> int:  # a column's width and the two spaces before it
+        return 2 + max(len(text) for text in [*header.split("\n"), *cells[header]])
+
+    mode_width = 2 + min(MODE_WIDTH, max((len(s.mode) for s in summaries), default=0))
+    shown = list(cells)
+    for header in NARROW_DROPS:
+        if mode_width + sum(room(h) for h in shown) <= width:
+            break
+        shown.remove(header)
     n_prompts = summaries[0].n_prompts if summaries else 0
+    left_out = len(cells) - len(shown)
+    caption = f"{_plural(left_out, 'column')} left out at this width (--json has all)"
     table = Table(
         # Text, not markup: a class is the prompt file's to name ("[/x]" stopped rich).
         title=Text(f"{class_name} ({_plural(n_prompts, 'prompt')}, medians)"),
         title_justify="left",
+        caption=caption if left_out else None,
+        caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,  # fits 80 columns
     )
     table.add_column("mode", overflow="fold")  # a long mode wraps, the numbers keep their width
-    # Two short header lines per column: ten columns in 80.
-    for header in (
-        "tok/s",
-        "×\nplain",
-        "min\n×",
-        "accept\n%",
-        "mean\nacc.",
-        "pass\n/tok",
-        "draft\n/pass",
-        "py ms\n/pass",
-        "same\nplain",
-    ):
+    for header in shown:
         table.add_column(header, justify="right", no_wrap=True)
-    for s in summaries:
-        table.add_row(
-            s.mode,
-            f"{s.tokens_per_s:.1f}",
-            Text(_fmt(s.median_ratio, ".2f"), style="green" if (s.median_ratio or 0) > 1 else ""),
-            _fmt(s.min_ratio, ".2f"),
-            _fmt(None if s.acceptance is None else s.acceptance * 100, ".0f"),
-            _fmt(s.mean_accepted, ".2f"),
-            _fmt(s.passes_per_token, ".2f"),
-            _fmt(s.draft_evals_per_pass, ".1f"),
-            _fmt(s.overhead_ms, ".2f"),
-            "–" if s.n_same is None else f"{s.n_same}/{s.n_prompts}",
-        )
+    ratio_at = shown.index("×\nplain")  # never left out
+    for i, s in enumerate(summaries):
+        row: list[str | Text] = [cells[h][i] for h in shown]
+        row[ratio_at] = Text(row[ratio_at], style="green" if (s.median_ratio or 0) > 1 else "")
+        table.add_row(s.mode, *row)
     return table
 
 

@@ -337,6 +337,26 @@ def test_a_class_table_in_80_columns_wraps_a_long_mode_name_not_the_numbers():
     assert all(len(line) <= 80 for line in shown.splitlines())
 
 
+@pytest.mark.parametrize("width", [40, 50, 80])
+def test_a_class_table_on_a_phone_s_terminal_keeps_what_says_whether_a_mode_pays(width):
+    """At 50 columns all ten columns left the mode names out and cut every number ("0.…")."""
+    from rich.console import Console
+
+    modes = [BASELINE, "chain", "tree", "ngram", "auto", "llama", "llama-lookup"]
+    rows = [ClassSummary(m, "code", 23.4, 1.23, 0.98, 0.91, 3.36, 0.35, 2.5, 1.34, 3, 4, None)
+            for m in modes]  # fmt: skip
+    console = Console(width=width, record=True)
+    console.print(class_table(rows, "code", width))
+    shown = console.export_text()
+    assert "…" not in shown and all(len(line) <= width for line in shown.splitlines())
+    cells = [line.split() for line in shown.splitlines()]
+    assert [row[0] for row in cells if row and row[0] in modes] == modes
+    for row in (row for row in cells if row and row[0] in modes):
+        assert {"1.23", "0.98", "3/4"} <= set(row)  # × plain, its lowest prompt, same text
+    left_out = "left out at this width (--json has all)" in " ".join(shown.split())
+    assert left_out == (width < 80) and (width < 80) == ("3.36" not in shown)
+
+
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_the_ratio_chart_fits_its_width_with_every_interval_whole(width):
     """At 80 columns (a log) the bars took the room of the intervals: "0.83–0.…"."""
