@@ -464,9 +464,7 @@ class Engine:
         stream left open ends ("superseded")."""
         if self._closed:
             return
-        with self._one_thread():
-            if self._open is not None:
-                self._end_open_stream()  # while the caches exist: its end settles them
+        with self._alone():  # while the caches exist: a stream's end settles them
             self._closed = True
         for ctx in (self.draft_ctx, self.target_ctx):
             if ctx is not None:
@@ -479,10 +477,9 @@ class Engine:
         """An engine of the same models and settings whose contexts hold `n_ctx` tokens (for a
         prompt this one cannot hold), without loading the models again; this one is closed,
         its models left to the new one."""
+        self._check_open()  # its models may be freed: llama.cpp said "model cannot be NULL"
         check_ctx_size(n_ctx, self.target.n_ctx_train, self.target.path)
-        with self._one_thread():
-            if self._open is not None:
-                self._end_open_stream()
+        with self._alone():
             self._closed = True
         for ctx in (self.draft_ctx, self.target_ctx):
             if ctx is not None:
@@ -517,7 +514,7 @@ class Engine:
             key = (ctx.model.path, n_threads, format_cpu_list(cpus), ctx.n_ctx)
             measured = load_profile(*key)
             if measured is None:
-                with measuring_alone(say):
+                with measuring_alone(say), self._alone():
                     # Once more: a process that held the lock may have measured this model.
                     measured = load_profile(*key)
                     if measured is None:
@@ -535,7 +532,8 @@ class Engine:
         # time both now, unless an earlier run on this device already did.
         unknown = measured_now or self._memory.draft_cost is None
         if self.draft_ctx is not None and unknown and not self._profiles_together():
-            self._time_draft_cost()
+            with self._alone():
+                self._time_draft_cost()
 
     def _quick_profile(
         self, ctx: Context, n_threads: int, cpus: str, say: Callable[[str], None]
@@ -550,7 +548,7 @@ class Engine:
         try:
             measured = quick_profile(ctx, n_threads, cpus)
         finally:  # the measurement cleared this context, even one cut short
-            self.forget_caches()
+            self._clear_caches()
         if measured.noise > NOISY_QUICK:  # kept all the same: or each run measures
             say(
                 f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
@@ -605,7 +603,7 @@ class Engine:
         try:
             target_s, draft_s = alternating_steps([self.target_ctx, self.draft_ctx], repeats=4)
         finally:  # the timing cleared both contexts, even one cut short
-            self.forget_caches()
+            self._clear_caches()
         cost = draft_s / target_s
         self._memory = replace(self._memory, draft_cost=cost)
         save_auto_memory(*self._arms_key, self._memory)
@@ -809,9 +807,7 @@ class Engine:
         after this one had used them, it set them back to its own text (the next prompt then
         reused cells that held another)."""
         self._check_open()  # a stream made before the engine was closed
-        with self._one_thread():
-            if self._open is not None:
-                self._end_open_stream()
+        with self._alone():
             self._open = (stream, self._rounds(stream.run))
             return self._open[1]
 
@@ -827,6 +823,18 @@ class Engine:
             yield
         finally:
             self._busy.release()
+
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        """`_one_thread`, a stream left open ended first ("superseded"): for whatever uses the
+        caches but that stream's rounds (another generation, forgetting them, catching the
+        draft up, measuring, closing). Its rounds would go on from caches changed under them:
+        after forget_caches they wrote a text that was not the target's, after catch_up_draft
+        llama.cpp refused their batch."""
+        with self._one_thread():
+            if self._open is not None:
+                self._end_open_stream()
+            yield
 
     def _acquire(self) -> None:
         if not self._busy.acquire(blocking=False):
@@ -914,7 +922,7 @@ class Engine:
             if run.ahead is not None:
                 self._drop_ahead(run)
             if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
-                self.forget_caches()
+                self._clear_caches()
             else:
                 self._trim_caches(run)
             if run.policy is not None:
@@ -1019,28 +1027,39 @@ class Engine:
         return ctx.decode(tokens[start:], start, logits=logits), len(where)
 
     def forget_caches(self) -> None:
-        """Empty both caches; the next generation evaluates its whole prompt."""
+        """Empty both caches; the next generation evaluates its whole prompt. A stream left open
+        ends ("superseded")."""
         self._check_open()
+        with self._alone():
+            self._clear_caches()
+
+    def _clear_caches(self) -> None:
         self.target_ctx.clear()
         self._target_cache = []
-        self.forget_draft_cache()
+        self._clear_draft_cache()
 
     def catch_up_draft(self) -> int:
         """Evaluate with the draft what the target's cache holds and the draft's does not, such as
         a chat's turns that auto decoded without it, and return how many tokens that was. For idle
         time, a chat waiting for its user: inside the next answer, catching up on a long history
         costs seconds (~1.75 ms a token for the 0.5B draft here), and auto tries no draft while
-        that is more than a small share of the answer."""
+        that is more than a small share of the answer. A stream left open ends ("superseded"):
+        its end settles what the target's cache holds."""
         self._check_open()
         if self.draft_ctx is None:
             return 0
-        with self._one_thread():
+        with self._alone():
             held = self._target_cache
             return len(held) - self._reuse(self.draft_ctx, "_draft_cache", held)
 
     def forget_draft_cache(self) -> None:
-        """Empty the draft's cache: the next generation catches it up as a new process would."""
+        """Empty the draft's cache: the next generation catches it up as a new process would.
+        A stream left open ends ("superseded")."""
         self._check_open()
+        with self._alone():
+            self._clear_draft_cache()
+
+    def _clear_draft_cache(self) -> None:
         if self.draft_ctx:
             self.draft_ctx.clear()
         self._draft_cache = []
@@ -1834,6 +1853,7 @@ class Stream:
         self._detok, self._stops = Detokenizer(), StopMatcher(cfg.stop)
         self._reason = ""  # why generation ended, once it has
         self._consumer_s = 0.0  # time the caller held the pieces handed to it
+        self._handed_at: float | None = None  # when the piece the caller holds was handed
         self._iterating = False
 
     def __iter__(self) -> Iterator[str]:
@@ -1846,7 +1866,7 @@ class Stream:
         rounds = engine._begin(self)
         ended = False  # not cut short by the caller (Ctrl+C, an iterator closed early)
         try:
-            while True:
+            while not run.superseded:  # ended by another thread: it ends, the lock untouched
                 engine._acquire()  # each round (Engine._one_thread)
                 try:
                     decided = next(rounds, None)
@@ -1860,9 +1880,12 @@ class Stream:
                     piece = self._commit(token)
                     if piece:
                         self._text.append(piece)
-                        handed = time.perf_counter()
-                        yield piece
-                        self._consumer_s += time.perf_counter() - handed
+                        self._handed_at = time.perf_counter()
+                        try:
+                            yield piece
+                        finally:  # the loop left at this piece too (break, Ctrl+C)
+                            self._consumer_s += time.perf_counter() - self._handed_at
+                            self._handed_at = None
                     if self._reason:
                         break
                 if self._reason:
@@ -1874,8 +1897,9 @@ class Stream:
                     yield tail
             ended = True
         finally:
-            with engine._busy:  # its end settles the caches: after another thread's round
-                rounds.close()
+            if not run.superseded:  # else the generation that ended it closed its rounds
+                with engine._busy:  # its end settles the caches: after another thread's round
+                    rounds.close()
             self._finish(ended)
 
     def _finish(self, ended: bool) -> None:
@@ -1887,7 +1911,10 @@ class Stream:
         stats.n_generated = len(run.generated)
         cut = "superseded" if run.superseded else "context" if ended else "interrupted"
         stats.finish(self._reason or cut)
-        stats.decode_s -= self._consumer_s  # the caller's time with the pieces is not decoding
+        held = self._consumer_s  # the caller's time with the pieces is not decoding
+        if self._handed_at is not None:  # ended by another generation while it held one
+            held += time.perf_counter() - self._handed_at
+        stats.decode_s = max(stats.decode_s - held, 0.0)  # held up to now: past decode_s's end
         stats.threads_by_cpus = threads_by_cpus()
         stats.thread_switches = engine.thread_switches() - self._switches_before
         for role, ctx in (("target", engine.target_ctx), ("draft", engine.draft_ctx)):
@@ -1994,12 +2021,21 @@ def load(
     gets the big cores and the draft the little ones, and on uniform cores both use all of them.
     `pipeline`, `adapt_threads`: see Engine. `say` is told, before anything loads, where the
     models take more memory than this device has available (memory.shortage), with `remedy`,
-    what else the caller could be asked to do; `progress`, the
-    fraction of the model files loaded as they load (from the loading threads). A Ctrl+C stops
-    the loads at their next tensor (KeyboardInterrupt).
+    what else the caller could be asked to do; `progress`, the fraction of the model files
+    loaded as they load (from the loading threads; an exception it raises stops the loads and
+    is raised here). A Ctrl+C stops the loads at their next tensor (KeyboardInterrupt).
     """
     from .backend import set_verbose
 
+    check_load_settings(
+        target_cpus=target_cpus,
+        draft_cpus=draft_cpus,
+        pipeline=pipeline,
+        adapt_threads=adapt_threads,
+        verbose=verbose,
+        say=say,
+        progress=progress,
+    )
     set_verbose(verbose)
     target = model_path(target, "the target")
     draft = None if draft is None else model_path(draft, "the draft")
@@ -2025,6 +2061,27 @@ def load(
         pipeline=pipeline,
         adapt_threads=adapt_threads,
     )
+
+
+def check_load_settings(**settings: object) -> None:
+    """`load`'s settings of the wrong type, refused: a CPU list given as a number failed as a
+    TypeError, pipeline="no" (a string, so true) turned the pipeline on, and a progress that
+    was no function blamed the model file once llama.cpp stopped the load."""
+    for name in ("target_cpus", "draft_cpus"):
+        value = settings[name]
+        if value is not None and not isinstance(value, str):
+            raise BadSettingError(
+                f"{name} is a CPU list like '0-3,6' (got {type(value).__name__} {value!r})"
+            )
+    for name in ("pipeline", "adapt_threads", "verbose"):
+        value = settings[name]
+        if not (isinstance(value, bool) or (value is None and name == "pipeline")):
+            allowed = "True, False or None" if name == "pipeline" else "True or False"
+            raise BadSettingError(f"{name} must be {allowed} (got {value!r})")
+    for name in ("say", "progress"):
+        value = settings[name]
+        if not (callable(value) or (value is None and name == "progress")):
+            raise BadSettingError(f"{name} must be a function (got {type(value).__name__})")
 
 
 def model_path(value: object, what: str) -> Path:
@@ -2060,29 +2117,48 @@ def _load_models(
     file and repacking its weights keeps one core busy, so on two cores or more the draft's load
     (0.2-0.35 s here, a fifth of a one-shot `edgespec run`'s start) costs no time. A failure is
     the target's if both fail, as when they loaded one after the other; a Ctrl+C or a failure
-    stops both loads at their next tensor. `progress`: the fraction of both files loaded."""
+    stops both loads at their next tensor. `progress`: the fraction of both files loaded; an
+    exception it raises stops both loads, and is raised once they have stopped."""
     infos = [target_info] if draft_info is None else [target_info, draft_info]
     parts = [0.0] * len(infos)
     total = sum(info.file_size for info in infos) or 1
     lock = threading.Lock()
+    cancel = threading.Event()
+    # Raised inside llama.cpp's callback, it was printed as "Exception ignored" and the load
+    # failed as the model file's fault ("could not load ...: unknown reason").
+    progress_failed: list[BaseException] = []
 
     def part(i: int) -> Callable[[float], object] | None:
         def loaded(fraction: float) -> None:
             assert progress is not None
             with lock:  # from both loading threads
                 parts[i] = fraction * infos[i].file_size
-                progress(sum(parts) / total)
+                try:
+                    progress(sum(parts) / total)
+                except BaseException as e:
+                    progress_failed.append(e)
+                    cancel.set()
 
         return None if progress is None else loaded
 
-    cancel = threading.Event()
-    if draft is None or draft_info is None:
-        return Model(target, target_info, progress=part(0), cancel=cancel), None
-    with ThreadPoolExecutor(1, thread_name_prefix="edgespec-load") as pool:
-        draft_loading = pool.submit(Model, draft, draft_info, progress=part(1), cancel=cancel)
-        try:
-            target_model = Model(target, target_info, progress=part(0), cancel=cancel)
-            return target_model, draft_loading.result()
-        except BaseException:  # the pool waits for the draft: its load stops at its next tensor
-            cancel.set()
-            raise
+    def both() -> tuple[Model, Model | None]:
+        if draft is None or draft_info is None:
+            return Model(target, target_info, progress=part(0), cancel=cancel), None
+        with ThreadPoolExecutor(1, thread_name_prefix="edgespec-load") as pool:
+            draft_loading = pool.submit(Model, draft, draft_info, progress=part(1), cancel=cancel)
+            try:
+                target_model = Model(target, target_info, progress=part(0), cancel=cancel)
+                return target_model, draft_loading.result()
+            except BaseException:  # the pool waits for the draft: it stops at its next tensor
+                cancel.set()
+                raise
+
+    try:
+        models = both()
+    except BaseException:
+        if progress_failed:  # the load stopped for it (a cancelled load's KeyboardInterrupt)
+            raise progress_failed[0] from None
+        raise
+    if progress_failed:  # at a call whose answer llama.cpp does not read
+        raise progress_failed[0]
+    return models

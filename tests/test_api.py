@@ -114,6 +114,47 @@ def test_a_model_argument_that_is_no_path_is_a_bad_setting(target, said):
         edgespec.load(target)
 
 
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"target_cpus": 1}, "target_cpus is a CPU list like '0-3,6' (got int 1)"),
+        ({"draft_cpus": [0]}, "draft_cpus is a CPU list like '0-3,6' (got list [0])"),
+        ({"pipeline": "no"}, "pipeline must be True, False or None (got 'no')"),
+        ({"adapt_threads": "no"}, "adapt_threads must be True or False (got 'no')"),
+        ({"verbose": "no"}, "verbose must be True or False (got 'no')"),
+        ({"progress": 5}, "progress must be a function (got int)"),
+        ({"say": None}, "say must be a function (got NoneType)"),
+    ],
+)
+def test_load_settings_of_the_wrong_type_are_bad_settings(smol_path, setting, said):
+    """A CPU list as a number failed as a TypeError; pipeline="no", a string, turned the
+    pipeline on, verbose="no" printed llama.cpp's log; a progress that was no function made
+    the load fail as the model file's fault."""
+    with pytest.raises(BadSettingError) as error:
+        edgespec.load(smol_path, smol_path, n_ctx=256, **setting)
+    assert str(error.value) == said
+
+
+@pytest.mark.parametrize("fails_at", [0.3, 1.0])
+def test_an_error_in_the_progress_function_is_raised_as_it_is(smol_path, capfd, fails_at):
+    """It was printed as "Exception ignored on calling ctypes callback function", some 16
+    times, and the load failed as the model file's fault ("could not load ...: unknown
+    reason")."""
+
+    class Enough(Exception):
+        pass
+
+    def progress(fraction: float) -> None:
+        if fraction >= fails_at:
+            raise Enough(f"at {fraction:.2f}")
+
+    with pytest.raises(Enough):
+        edgespec.load(smol_path, smol_path, n_ctx=256, progress=progress)
+    assert "Exception ignored" not in capfd.readouterr().err
+    with edgespec.load(smol_path, smol_path, n_ctx=256, progress=lambda _: None) as engine:
+        assert engine.generate(PROMPT, max_tokens=2, mode="target").tokens
+
+
 def test_a_model_path_may_start_at_the_home_folder(smol_path, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "smol.gguf").symlink_to(smol_path)
