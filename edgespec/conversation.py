@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .chat import ChatTemplateError, messages_for, render
-from .engine import GenerationConfig
+from .engine import GenerationConfig, beyond
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .files import regular_destination, user_path, written_into_place
 from .text import valid_text
@@ -140,8 +140,8 @@ class Conversation:
         tokens, start = self._fitted(messages, room, self.in_context)
         if len(tokens) >= self.engine.n_ctx:
             raise ContextOverflowError(
-                f"the message needs {len(tokens):,} tokens but the context holds "
-                f"{self.engine.n_ctx}; {self.engine.room_for(len(tokens))} message",
+                f"the message needs {beyond(len(tokens), self.engine.n_ctx)}; "
+                f"{self.engine.room_for(len(tokens))} message",
                 needed=len(tokens),
             )
         stream = self.engine.stream(tokens, **gen_options)  # validates the options

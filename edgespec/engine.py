@@ -668,7 +668,7 @@ class Engine:
             tokens = self.target.tokenize(prompt, add_special=True, parse_special=False)
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt has {len(tokens):,} tokens but the context holds {self.n_ctx}; "
+                f"the prompt has {beyond(len(tokens), self.n_ctx)}; "
                 f"{self.room_for(len(tokens))} prompt",
                 needed=len(tokens),
             )
@@ -736,11 +736,22 @@ class Engine:
         if n_chars < 8 * self.n_ctx:
             return
         least = n_chars // self.target.longest_token_bytes
-        if least >= self.n_ctx:
+        if least < self.n_ctx:
+            return
+        trained = self.target.n_ctx_train
+        if trained <= 0 or least < trained:
+            # A bound far below the count (a vocabulary's longest token is dozens of bytes)
+            # priced the context that would hold it: 2,093 tokens at least for a text of
+            # 288,936, "use --ctx-size 3072". Counted as plain text, special tokens' texts in
+            # a few tokens each (in linear time): enough to say what holds it, and a few more.
+            n = len(self.target.tokenize(text, add_special=False, parse_special=False))
             raise ContextOverflowError(
-                f"the prompt has at least {least:,} tokens ({n_chars:,} characters) but the "
-                f"context holds {self.n_ctx}; {self.room_for(least)} prompt"
+                f"the prompt has {beyond(n, self.n_ctx)}; {self.room_for(n)} prompt", needed=n
             )
+        raise ContextOverflowError(
+            f"the prompt has at least {least:,} tokens ({n_chars:,} characters) but the "
+            f"context holds {self.n_ctx}; {self.room_for(least)} prompt"
+        )
 
     # ----- generation ----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], **config) -> Stream:
@@ -786,7 +797,7 @@ class Engine:
             raise BadSettingError("the prompt is empty")
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                f"the prompt has {beyond(len(tokens), self.n_ctx)}; "
                 "use a larger n_ctx or a shorter prompt",
                 needed=len(tokens),
             )
@@ -1940,6 +1951,13 @@ class Stream:
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+
+def beyond(n_tokens: int, n_ctx: int) -> str:
+    """`n_tokens` against a context they do not fit (with the answer's first token)."""
+    if n_tokens == n_ctx:  # "3,920 tokens but the context holds 3920" read as a contradiction
+        return f"{n_tokens:,} tokens, all the context holds ({n_ctx}), leaving no room to answer"
+    return f"{n_tokens:,} tokens but the context holds {n_ctx}"
 
 
 def check_ctx_size(n_ctx: object, trained: int | None, model: Path) -> None:

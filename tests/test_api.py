@@ -179,6 +179,11 @@ def test_an_engine_with_a_larger_context_keeps_its_models_and_the_old_one_is_clo
     with pytest.raises(edgespec.ContextOverflowError) as of_ids:
         engine.generate(list(range(10, 310)), max_tokens=4)  # a prompt of token ids
     assert of_ids.value.needed == 300
+    with pytest.raises(edgespec.ContextOverflowError) as filling:  # no room for the answer
+        engine.generate(list(range(10, 266)), max_tokens=4)
+    assert "has 256 tokens, all the context holds (256), leaving no room to answer" in str(
+        filling.value
+    )  # it said "256 tokens but the context holds 256"
     larger = engine.with_context(1024)
     assert larger.target is engine.target and larger.draft is engine.draft  # not loaded again
     assert larger.n_ctx == 1024

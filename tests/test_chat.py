@@ -1230,14 +1230,28 @@ def test_show_counts_the_context_after_a_load_beyond_it_and_with_a_template_that
     assert 0 < conversation.context_used() <= small_engine.n_ctx
 
 
-def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(small_engine):
+def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(
+    small_engine, monkeypatch
+):
     """llama.cpp tokenizes special tokens' texts in time quadratic in their number: 2 MB of
-    them took a minute to be told they do not fit."""
+    them took a minute to be told they do not fit. Counted, it is counted as plain text."""
     text = "<|im_start|>x<|im_end|>\n" * 20_000
+    target, parsed = small_engine.target, []
+    tokenize = target.tokenize
+
+    def recorded(text, *, add_special, parse_special=True):
+        parsed.append(parse_special and len(text) > 100_000)
+        return tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    monkeypatch.setattr(target, "tokenize", recorded)
+    with pytest.raises(ContextOverflowError, match=r"the prompt has [\d,]+ tokens but"):
+        small_engine.prompt_tokens(text, chat_mode=False)
+    with pytest.raises(ContextOverflowError, match=r"the prompt has [\d,]+ tokens but"):
+        Conversation(small_engine).ask(text)
+    assert parsed and not any(parsed)
+    monkeypatch.setattr(target, "longest_token_bytes", 1)  # a bound past what it was trained for
     with pytest.raises(ContextOverflowError, match=r"the prompt has at least [\d,]+ tokens"):
         small_engine.prompt_tokens(text, chat_mode=False)
-    with pytest.raises(ContextOverflowError, match=r"the prompt has at least [\d,]+ tokens"):
-        Conversation(small_engine).ask(text)
 
 
 def test_a_system_message_that_leaves_no_room_for_a_question_is_refused_where_it_is_set(

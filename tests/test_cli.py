@@ -332,6 +332,26 @@ def test_each_line_marks_a_prompt_too_long_for_the_context_and_answers_the_other
     assert "use --ctx-size 1024 or a shorter prompt" in err
 
 
+def test_a_text_too_long_by_its_size_alone_is_told_its_count_and_what_can_hold_it(
+    capsys, smol_path, tmp_path, monkeypatch
+):
+    """Refused before tokenizing (its size over the longest token's), it was told a context
+    priced by that bound, far below its count: "at least 2,093 tokens ... use --ctx-size 3072"
+    for 288,936; then, with it, "holds at most 8192 tokens". --each-line's last line said only
+    "use a larger --ctx-size", which none was."""
+    monkeypatch.setattr("edgespec.engine.Engine.profile_if_missing", lambda self, say: None)
+    huge = " ".join(f"w{i}" for i in range(50_000))  # 339 KB: 288,936 tokens as a prompt
+    (tmp_path / "huge.txt").write_text(huge)
+    args = ["run", "-m", str(smol_path), "-n", "4"]
+    code, _, err = cli(capsys, *args, "-f", str(tmp_path / "huge.txt"), "Summarise this")
+    one_line_error(code, err, "tokens but the context holds 2048", "holds at most 8192 tokens")
+    n_tokens = int(err.split("the prompt has ")[1].split()[0].replace(",", ""))
+    assert 288_000 < n_tokens < 290_000
+    code, out, err = cli(capsys, *args, "--each-line", f"Say hi\n{huge}")
+    assert [json.loads(line).keys() >= {"error"} for line in out.splitlines()] == [False, True]
+    one_line_error(code, err, "1 of 2 prompts", "holds at most 8192 tokens: use a shorter prompt")
+
+
 def test_each_line_gives_a_line_longer_than_the_default_context_a_context_that_holds_it(
     capsys, smol_path, monkeypatch
 ):
