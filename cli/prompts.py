@@ -117,6 +117,8 @@ def read_template(path: Path) -> str:
             raise EdgespecError(f"the chat template {path} is over 1 MB: not a chat template")
         if not raw.strip():  # an empty one was taken as none given: the model's was used
             raise EdgespecError(f"the chat template {path} is empty")
+        if b"\0" in raw:  # rendered as it was, with the prompt left out
+            raise EdgespecError(f"the chat template {path} is not text (it holds NUL bytes)")
         return raw.decode("utf-8")
     except OSError as e:
         raise EdgespecError(f"cannot read the chat template {path}: {e.strerror or e}") from None

@@ -164,6 +164,20 @@ def typed_pieces(
     return None
 
 
+# A question no template writes itself: where what it renders lacks it, the template left the
+# message out.
+PROBE = "Which prime follows 7919?"
+
+
+def check_keeps_the_message(template: str, system: str | None = None) -> None:
+    """Refuse a template that leaves out the message it is given: one that wrote a fixed text
+    had the model answer that text instead of the question, and nothing said so."""
+    if PROBE not in render(template, messages_for(PROBE, system)):
+        raise ChatTemplateError(
+            "the chat template leaves out the message: what it writes does not hold the question"
+        )
+
+
 def messages_for(prompt: str, system: str | None = None) -> list[Message]:
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})

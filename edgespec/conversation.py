@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .chat import ChatTemplateError, messages_for, render
+from .chat import ChatTemplateError, check_keeps_the_message
 from .engine import GenerationConfig, beyond
 from .errors import BadSettingError, ContextOverflowError, EdgespecError
 from .files import regular_destination, user_path, written_into_place
@@ -87,10 +87,10 @@ def chat_template(given: str | None, target: GGUFInfo) -> str:
 
 def check_chat_template(given: str | None, target: GGUFInfo, system: str | None) -> None:
     """Fail now, before any model is loaded, where a chat could not render a first question:
-    no template, or one that fails (rendered as Conversation will, but without the model's
-    BOS and EOS texts, which only the loaded model knows)."""
+    no template, one that fails or one that leaves the question out (rendered as Conversation
+    will, but without the model's BOS and EOS texts, which only the loaded model knows)."""
     try:
-        render(chat_template(given, target), messages_for("Hello", system))
+        check_keeps_the_message(chat_template(given, target), system)
     except ChatTemplateError as e:
         if given is not None:
             raise
@@ -113,6 +113,7 @@ class Conversation:
         self.inputs = inputs
         self.system = valid_text(system) if system is not None else None
         self.template = chat_template(template, engine.target.info)
+        check_chat_template(template, engine.target.info, self.system)
         self.messages: list[Message] = []  # the whole conversation, as saved
         self.in_context = 0  # messages[in_context:] are those the last question's prompt held
         self.last_stats: Stats | None = None

@@ -650,6 +650,7 @@ class Engine:
                     "--chat-template, or use --raw for plain completion"
                 )
             try:
+                chat.check_keeps_the_message(template, system)
                 tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
             except chat.ChatTemplateError as e:
                 if given:

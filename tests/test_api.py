@@ -102,6 +102,12 @@ def test_a_chat_template_for_a_raw_prompt_or_not_text_is_refused(plain_engine, s
         plain_engine.generate(PROMPT, max_tokens=2, chat_template=template, **setting)
 
 
+def test_a_chat_template_that_leaves_the_prompt_out_is_refused(plain_engine):
+    """One that wrote a fixed text had the model answer it, not the prompt, and nothing said so."""
+    with pytest.raises(EdgespecError, match="the chat template leaves out the message"):
+        plain_engine.generate(PROMPT, max_tokens=2, chat_template="Tell me a joke.")
+
+
 def test_only_text_is_tokenized_as_a_prompt(plain_engine):
     with pytest.raises(BadSettingError, match="a prompt to tokenize is text, not int"):
         plain_engine.prompt_tokens(5)

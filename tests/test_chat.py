@@ -959,6 +959,7 @@ def test_text_that_was_not_utf8_is_asked_and_saved(small_engine, tmp_path):
         ("{{ messages + 1 }}", "failed: TypeError"),
         ("{% for m in messages %}", "does not parse"),
         ("{# nothing #}", "made an empty prompt"),
+        ("You are a pirate. Say arr.", "leaves out the message"),  # answered in its place
     ],
 )
 def test_a_chat_template_that_fails_is_an_error_at_the_start(small_engine, template, reason):

@@ -957,8 +957,10 @@ def test_a_gguf_whose_template_fails_says_what_to_do_instead(capsys, smol_path, 
         (QA_TEMPLATE, ["--raw"], "--chat-template is for chat: drop --raw"),
         (None, [], "cannot read the chat template"),
         ("", [], "is empty"),
+        ("Tell me a joke.", [], "the chat template leaves out the message"),  # a text of 5
+        ("a\0b", [], "is not text (it holds NUL bytes)"),  # tokens, answered; exit 0
     ],
-    ids=["failing", "with-raw", "missing", "empty"],
+    ids=["failing", "with-raw", "missing", "empty", "without-the-prompt", "binary"],
 )
 def test_run_with_a_chat_template_that_cannot_serve_fails_before_loading_anything(
     capsys, smol_path, tmp_path, monkeypatch, given, extra, said
