@@ -33,7 +33,7 @@ from edgespec.errors import (
 from edgespec.files import regular_destination, user_path, written_into_place
 from edgespec.stats import Stats
 
-from . import INTERRUPTED
+from . import INTERRUPTED, say_interrupted
 from . import options as opt
 from .bench_cmd import bench
 from .chat_cmd import chat
@@ -41,7 +41,7 @@ from .config_cmd import config_app
 from .models_cmd import fetch_with_progress, models_app
 from .profile_cmd import profile
 from .prompts import prompt_lines, read_files, read_prompt, read_template, with_files
-from .signals import sigterm_as_ctrl_c
+from .signals import SIGTERM_ENDS, sigterm_as_ctrl_c
 
 if TYPE_CHECKING:  # the library loads llama.cpp: imported where a command needs it
     from edgespec.engine import Engine, Result, Stream
@@ -802,7 +802,8 @@ def narrow(
 # temporary files removed (`timeout 60 edgespec quantize ...` left a hidden copy as large as the
 # model). chat goes on after a Ctrl+C, so SIGTERM ends it as it ends any program.
 for command in (run, chat, bench, profile, quantize, narrow, inspect):
-    app.command()(command if command in (chat, inspect) else sigterm_as_ctrl_c(command))
+    ends = command.__name__ in SIGTERM_ENDS
+    app.command()(command if ends else sigterm_as_ctrl_c(command))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -845,7 +846,7 @@ def _main(argv: list[str] | None) -> int:
     except typer.Exit as e:
         return e.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        print("\ninterrupted", file=sys.stderr)
+        say_interrupted()
         return INTERRUPTED
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -861,8 +862,8 @@ def _main(argv: list[str] | None) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
-    if rv == INTERRUPTED:  # typer returns this for a Ctrl+C, wherever it came (loading, too)
-        print("interrupted", file=sys.stderr)
+    if rv == INTERRUPTED:  # typer returns this for a Ctrl+C, wherever it came (loading, too);
+        print("interrupted", file=sys.stderr)  # run has ended its line of text
     return rv if isinstance(rv, int) else 0
 
 

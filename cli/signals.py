@@ -9,14 +9,19 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
+# The commands SIGTERM ends as it ends any program (exit 143): chat goes on after a Ctrl+C, and
+# inspect is over at once. The others take it as Ctrl+C (sigterm_as_ctrl_c).
+SIGTERM_ENDS = ("chat", "inspect")
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
 
 def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
     """`command` takes SIGTERM as it takes Ctrl+C: the answer so far is written (with --json,
     in the object) and the exit is 130. Scripts stop a run that way (`timeout 60 edgespec run`,
     `kill`, Android ending a task), and lost all of it."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
 
     @functools.wraps(command)
     def wrapped(*args: object, **kwargs: object) -> None:

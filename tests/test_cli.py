@@ -1413,4 +1413,33 @@ def test_a_ctrl_c_while_the_command_line_is_built_is_an_exit_130_not_a_traceback
     monkeypatch.setattr(typer.main, "get_command", pressed)
     monkeypatch.setattr(sys, "argv", ["edgespec", "--version"])
     assert console.main() == 130
+    # Not at a terminal (a script's log, `-q`): no empty line before it, as there was.
+    assert capsys.readouterr().err == "interrupted\n"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # after the ^C the terminal echoed
+    assert console.main() == 130
     assert capsys.readouterr().err == "\ninterrupted\n"
+
+
+@pytest.mark.parametrize(("command", "status"), [("run", 130), ("chat", -signal.SIGTERM)])
+def test_a_sigterm_while_the_command_line_starts_is_taken_as_its_command_takes_it(command, status):
+    """`timeout -s TERM 0.4 edgespec run ...` exited 143 with nothing said where later it
+    exits 130 ("interrupted"): the command's handler came after half a second of imports.
+    chat ends on SIGTERM as any program does (143 in a shell) from the start too."""
+    script = (
+        "import os, signal, sys, typer.main\n"
+        "typer.main.get_command = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"sys.argv = ['edgespec', {command!r}, 'hi']\n"
+        "from edgespec.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == status and "Traceback" not in done.stderr
+    assert done.stderr == ("interrupted\n" if status == 130 else "")
+
+
+def test_errors_with_stderr_closed_are_not_written_to_stdout(smol_path):
+    """print(file=sys.stderr) with stderr closed (`2>&-`: sys.stderr is None) writes to stdout:
+    a script reading the answer, or --json, got "error: --ctx-size must be at least 16"."""
+    command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -c 5 --json hi 2>&-"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
