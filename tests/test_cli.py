@@ -1121,6 +1121,34 @@ def test_ctrl_c_or_sigterm_while_llama_cpp_loads_is_raised_once_the_load_returns
     assert pressed
 
 
+def test_signals_after_the_first_do_not_cut_short_its_handling():
+    """Two SIGINTs 2-5 ms apart: the second came while `run --json` wrote the answer so far,
+    and it wrote nothing (2 tries in 9)."""
+    from edgespec.cli.app import sigterm_as_ctrl_c
+
+    written = []
+
+    def command() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGINT)  # while the answer so far is written
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            written.append("the answer so far")
+            raise
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sigterm_as_ctrl_c(command)()
+        assert written == ["the answer so far"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_before_generating_exits_130_saying_so(capsys, smol_path, monkeypatch):
     def load_interrupted(*args, **kwargs):
         raise KeyboardInterrupt
