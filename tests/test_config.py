@@ -71,6 +71,18 @@ def test_a_flag_of_none_is_a_flag_not_given(home):
     assert (settings.seed, settings.source("seed")) == (None, "default")
 
 
+def test_an_empty_cpu_list_flag_gives_the_default_placement_over_the_file_s(home):
+    """The one way back to the detected placement for a run, where config.toml pins CPUs."""
+    from edgespec.cores import default_placement, detect_cores, plan_placement
+
+    write_config(home, 'target_cpus = "0"\ndraft_cpus = "0"\n')
+    settings = resolve({"target_cpus": ""})
+    assert (settings.target_cpus, settings.source("target_cpus")) == ("", "flag")
+    placement = plan_placement(settings.target_cpus, None)
+    assert placement.target_cpus == default_placement(detect_cores()).target_cpus
+    assert plan_placement(settings.target_cpus, settings.draft_cpus).draft_cpus == [0]
+
+
 def test_the_file_source_names_the_line_of_each_key(home):
     path = write_config(home, '# my settings\n\n  system = "Be brief."\n"draft_max" = 6\n')
     settings = resolve({})
