@@ -215,6 +215,8 @@ class Repl:
             try:
                 text = self.read_message()
             except KeyboardInterrupt:
+                if not self.interactive:  # nobody can type /bye into a pipe: it ends (130)
+                    raise
                 print()
                 err.print("[dim]Use /bye or Ctrl+D to exit.[/dim]")
                 continue

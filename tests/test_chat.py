@@ -387,6 +387,24 @@ def piped_chat(smol_path, tmp_path, lines: str, *extra: str) -> subprocess.Compl
     return subprocess.run(argv, input=lines, capture_output=True, text=True, env=env, timeout=120)
 
 
+def test_a_piped_chat_waiting_for_its_next_message_ends_at_ctrl_c(smol_path, tmp_path):
+    """It said "Use /bye or Ctrl+D to exit." and waited on: neither can be typed into a pipe."""
+    argv, env = chat_argv(smol_path), chat_env(tmp_path)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write("Hi\n")
+    proc.stdin.flush()
+    lines = [proc.stderr.readline() for _ in range(1)]
+    while not re.search(STATS_LINE, lines[-1]) and lines[-1] and len(lines) < 20:
+        lines.append(proc.stderr.readline())  # notes before it, if any
+    assert re.search(STATS_LINE, lines[-1]), lines  # answered; it waits for the next message
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130  # the pipe still open: no end of input
+    out, err = proc.communicate()
+    assert err.strip() == "interrupted" and out.strip()
+
+
 def test_a_piped_chat_whose_command_failed_exits_non_zero_after_the_rest(smol_path, tmp_path):
     """A script could not tell that its /save never happened: every error line, then exit 0."""
     saved_to = tmp_path / "chat.json"
