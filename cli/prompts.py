@@ -31,13 +31,25 @@ def prompt_lines(prompt: str) -> Iterator[str]:
     """The lines of the prompt that hold text; for "-", stdin's, each as soon as it arrives (a
     script may write its next question after reading an answer)."""
     if prompt == "-":
-        lines: Iterable[str] = (
-            line.decode("utf-8", "replace") if isinstance(line, bytes) else valid_text(line)
-            for line in getattr(sys.stdin, "buffer", sys.stdin)
-        )
+        lines: Iterable[str] = stdin_lines()
     else:  # lines end at \n as stdin's do (splitlines also ends them at \f, U+2028, ...)
         lines = valid_text(prompt).split("\n")
     return (line.rstrip("\r\n") for line in lines if line.strip())
+
+
+def stdin_lines(limit: int = MAX_PROMPT_BYTES) -> Iterator[str]:
+    """stdin's lines, each as it arrives; one longer than `limit` bytes is an error (after those
+    before it): `--each-line - < /dev/zero` read one line until memory ran out, and a line of
+    70 MB was refused as the chat template's fault, ending the run."""
+    stream = getattr(sys.stdin, "buffer", sys.stdin)
+    number = 0
+    while line := stream.readline(limit + 2):  # room for its \r\n
+        number += 1
+        if len(line.rstrip(b"\r\n" if isinstance(line, bytes) else "\r\n")) > limit:
+            raise BadSettingError(
+                f"line {number} of stdin is over {limit >> 20} MB: more than any context holds"
+            )
+        yield line.decode("utf-8", "replace") if isinstance(line, bytes) else valid_text(line)
 
 
 def read_at_most(limit: int, what: str) -> Callable[[IO], str | bytes]:

@@ -649,6 +649,9 @@ class Engine:
                     f"{self.target.path.name} has no chat template; give one with "
                     "--chat-template, or use --raw for plain completion"
                 )
+            # Before the template copies it: a text of 70 MB made one over its bound, which
+            # was said as the template's fault.
+            self._check_not_surely_too_long(prompt)
             try:
                 chat.check_keeps_the_message(template, system)
                 tokens = self.chat_tokens(template, chat.messages_for(prompt, system))
@@ -749,9 +752,10 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt has {beyond(n, self.n_ctx)}; {self.room_for(n)} prompt", needed=n
             )
-        raise ContextOverflowError(
+        raise ContextOverflowError(  # more than the target can hold: the least will do
             f"the prompt has at least {least:,} tokens ({n_chars:,} characters) but the "
-            f"context holds {self.n_ctx}; {self.room_for(least)} prompt"
+            f"context holds {self.n_ctx}; {self.room_for(least)} prompt",
+            needed=least,
         )
 
     # ----- generation ----------------------------------------------------------------------

@@ -25,7 +25,9 @@ class ContextOverflowError(EdgespecError):
 
     def __init__(self, message: str, needed: int | None = None):
         super().__init__(message)
-        self.needed = needed  # the prompt's tokens, where they were counted
+        # The prompt's tokens, where they were counted; at least as many, where its size alone
+        # was more than the target was trained for.
+        self.needed = needed
 
 
 class BadSettingError(EdgespecError):

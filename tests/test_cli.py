@@ -1419,11 +1419,31 @@ def test_sigterm_stops_quantize_and_leaves_no_temporary_file(smol_path, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_endless_prompt_on_stdin_is_refused(smol_path):
-    """`edgespec run - < /dev/zero` read until the kernel killed it (24 GB)."""
-    command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -n 2 - < /dev/zero"
+@pytest.mark.parametrize(
+    ("each_line", "said"),
+    [([], "the prompt on stdin is over 64 MB"), (["--each-line"], "line 1 of stdin is over 64 MB")],
+)
+def test_an_endless_prompt_on_stdin_is_refused(smol_path, each_line, said):
+    """`edgespec run - < /dev/zero` read until the kernel killed it (24 GB); with --each-line,
+    its one endless line did, after this was fixed for a prompt."""
+    command = f"{sys.executable} -m edgespec.cli run -m {smol_path} -n 2 {' '.join(each_line)}"
+    command += " - < /dev/zero"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "the prompt on stdin is over 64 MB" in done.stderr
+    assert done.returncode == 2 and said in done.stderr
+
+
+def test_each_line_goes_on_past_a_line_no_context_could_hold(capsys, smol_path, monkeypatch):
+    """A line of 70 MB ended the run as the chat template's fault ("made a text of over
+    67,108,864 characters"), the lines after it unanswered; one of 20 MB was marked, but the
+    last line said "use a larger --ctx-size", where none holds it."""
+    monkeypatch.setattr("edgespec.engine.Engine.profile_if_missing", lambda self, say: None)
+    huge = "a" * 2_000_000  # at least 12,345 tokens by its size: SmolLM2 holds 8,192
+    code, out, err = cli(capsys, "run", "-m", str(smol_path), "-n", "2", "--each-line",
+                         f"Say hi\n{huge}\nSay bye")  # fmt: skip
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert ["error" in a for a in answers] == [False, True, False]
+    assert "the prompt has at least" in answers[1]["error"]
+    one_line_error(code, err, "1 of 3 prompts", "holds at most 8192 tokens: use a shorter prompt")
 
 
 def test_a_ctrl_c_while_the_command_line_is_built_is_an_exit_130_not_a_traceback(
