@@ -18,7 +18,7 @@ def main() -> int:
     if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) wrote the
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115  errors to stdout, in the answer's place
     before = signal.getsignal(signal.SIGTERM)
-    if sys.argv[1:2] and sys.argv[1] not in SIGTERM_ENDS:
+    if sys.argv[1:2] and sys.argv[1] not in SIGTERM_ENDS and before is not signal.SIG_IGN:
         # As the command will (signals.sigterm_as_ctrl_c), from before its imports: a SIGTERM
         # in their half second here (seconds on a Pi) ended `run` with 143, not 130.
         signal.signal(signal.SIGTERM, interrupt)

@@ -37,7 +37,7 @@ def sigterm_as_ctrl_c(command: Callable[..., None]) -> Callable[..., None]:
                 interrupted = True
                 raise KeyboardInterrupt
 
-        # Only signals Python handles: one ignored (`nohup`) stays so.
+        # One ignored stays so: a job a script starts with `&` has SIGINT ignored.
         signals = [
             s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN
         ]
