@@ -74,7 +74,7 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
 
 
 @contextmanager
-def _interrupt_after(on_signal: Callable[[], object] = lambda: None) -> Iterator[None]:
+def interrupts_held(on_signal: Callable[[], object] = lambda: None) -> Iterator[None]:
     """Ctrl+C (and SIGTERM, where the CLI takes it as one) held until a long native call
     returns, then handled; `on_signal` is called as it comes (a load then stops at its next
     tensor). llama.cpp calls back into Python (its log) while it loads or quantizes, and a
@@ -197,7 +197,7 @@ class Model:
 
         params.progress_callback = ll.llama_progress_callback(on_progress)  # alive: a local
         _native_log.clear()
-        with _interrupt_after(on_signal=cancel.set):
+        with interrupts_held(on_signal=cancel.set):
             self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model and cancel.is_set():  # on the main thread the signal's handler
             raise KeyboardInterrupt  # has raised already
@@ -426,7 +426,7 @@ class Context:
             params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
         _native_log.clear()
         try:
-            with _interrupt_after():
+            with interrupts_held():
                 self._ctx = ll.llama_init_from_model(model._model, params)
         finally:
             if self._ctx:  # made, even if a Ctrl+C came during it
@@ -576,7 +576,7 @@ class Context:
         if n_threads != self.threads:
             # It logs through _on_native_log: a Ctrl+C there was dropped mid-answer (the governor
             # changes threads while a chat answers) and printed as a traceback.
-            with _interrupt_after():
+            with interrupts_held():
                 ll.llama_set_n_threads(self._ctx, n_threads, n_threads)
                 self.threads = n_threads
 
@@ -720,7 +720,7 @@ def quantize(
     except OSError as e:
         raise ModelFileError(f"cannot write in {Path(dst).parent}: {e.strerror or e}") from None
     _native_log.clear()
-    with _interrupt_after():  # the quantizer cannot be stopped halfway
+    with interrupts_held():  # the quantizer cannot be stopped halfway
         status = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if status != 0:
         # It could write there, so "iostream error" means the disk filled up, as a rule.

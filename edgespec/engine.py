@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import chat
-from .backend import Context, Model
+from .backend import Context, Model, interrupts_held
 from .cores import (
     Placement,
     format_cpu_list,
@@ -935,18 +935,21 @@ class Engine:
             stats.decode_s = time.perf_counter() - t_decode
             # The target's time behind the pipeline's drafting passed once, not twice.
             stats.native_s = self._native_s() - native_before - stats.overlap_s
-            if run.ahead is not None:
-                self._drop_ahead(run)
-            if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
-                self._clear_caches()
-            else:
-                self._trim_caches(run)
-            if run.policy is not None:
-                run.policy.finish()
-                self._step_s = run.costs.step_s.value
-                self._remember_passes(run.costs)
-                if self._arms_key:
-                    self._remember(run.policy)
+            # A second Ctrl+C (a chat's, pressed twice) is raised once the caches are settled:
+            # it stopped their trimming halfway, and a tree's branches stayed in the caches.
+            with interrupts_held():
+                if run.ahead is not None:
+                    self._drop_ahead(run)
+                if in_round:  # interrupted mid-round (Ctrl+C): the caches may be half edited
+                    self._clear_caches()
+                else:
+                    self._trim_caches(run)
+                if run.policy is not None:
+                    run.policy.finish()
+                    self._step_s = run.costs.step_s.value
+                    self._remember_passes(run.costs)
+                    if self._arms_key:
+                        self._remember(run.policy)
 
     def pipelines(self, mode: str | None) -> bool:
         """Whether the chains of a generation in `mode` run LLMCad's pipeline: if asked, else

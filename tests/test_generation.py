@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -446,6 +447,36 @@ def test_time_the_caller_held_the_last_piece_is_not_decoding_time(plain_engine, 
     stats = stream.result.stats
     assert stats.finish_reason == ("interrupted" if ended_by == "break" else "superseded")
     assert 0 < stats.decode_s < 0.5 and stats.native_s <= stats.decode_s
+
+
+def test_a_second_ctrl_c_while_a_stream_settles_the_caches_waits_until_they_are(
+    self_draft_engine, monkeypatch
+):
+    """A chat's Ctrl+C pressed twice: the second stopped the trimming of the caches halfway,
+    where a tree's branches were still in them for the next answer."""
+    engine = self_draft_engine
+    whole = greedy(engine, PROMPTS[0], "tree", n=24)
+    trim, trimmed = engine._trim_caches, []
+
+    def pressed_again_while_trimming(run):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs here, between bytecodes
+        trim(run)
+        trimmed.append(True)
+
+    monkeypatch.setattr(engine, "_trim_caches", pressed_again_while_trimming)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for i, _ in enumerate(engine.stream(PROMPTS[1], max_tokens=40, mode="tree")):
+                if i == 3:
+                    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl+C
+                    time.sleep(1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert trimmed == [True]
+    monkeypatch.undo()
+    assert greedy(engine, PROMPTS[0], "tree", n=24).tokens == whole.tokens
 
 
 def test_a_stream_iterated_again_yields_nothing_more(plain_engine):
