@@ -50,7 +50,10 @@ MAX_EXTRA_TOKENS = 512
 
 
 def narrowed_path(draft: Path, n_keep: int = HEAD_TOKENS) -> Path:
-    return draft.with_name(f"{draft.stem}.head{n_keep // 1024}k.gguf")
+    """`draft`'s narrowed copy of `n_keep` tokens: `.head32k` for 32,768, `.head9000` for 9,000
+    (named by thousands of 1,024 it replaced the copy of 8,192 without a word)."""
+    size = f"{n_keep // 1024}k" if n_keep % 1024 == 0 else str(n_keep)
+    return draft.with_name(f"{draft.stem}.head{size}.gguf")
 
 
 def stdlib_corpus(every: int = CORPUS_EVERY) -> list[Path]:

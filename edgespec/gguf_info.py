@@ -410,7 +410,12 @@ def _file_type_name(file_type: int | None) -> str:
 def source_of(info: GGUFInfo) -> GGUFInfo:
     """The full draft a narrowed one was made from (it lends its embeddings and vocabulary)."""
     assert info.narrowed_from is not None
-    source = info.path.with_name(info.narrowed_from)
+    name = info.narrowed_from
+    if not name or "/" in name or "\\" in name or name in (".", ".."):  # a crafted file's:
+        raise ModelFileError(  # with_name raised ValueError, a traceback
+            f"{info.path.name} says it was narrowed from {name!r}, which is no file name"
+        )
+    source = info.path.with_name(name)
     if not source.exists():
         raise ModelFileError(
             f"{info.path.name} is a draft narrowed from {info.narrowed_from}, which is missing "

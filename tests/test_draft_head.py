@@ -403,6 +403,34 @@ def test_a_draft_that_is_a_link_is_narrowed_next_to_the_link(
     assert code == 0, err
 
 
+def test_a_narrowed_copy_is_named_by_its_size_in_full():
+    """--tokens 9000 was named .head8k, over the copy of 8,192, without a word."""
+    draft = Path("models/draft.gguf")
+    assert narrowed_path(draft).name == "draft.head32k.gguf"
+    assert narrowed_path(draft, 8192).name == "draft.head8k.gguf"
+    assert narrowed_path(draft, 9000).name == "draft.head9000.gguf"
+
+
+def test_a_narrowed_draft_naming_no_file_as_its_source_is_one_clear_error(
+    capsys, narrowed, smol_q4_0, smol_path, tmp_path
+):
+    """A name with a slash in it (a crafted file's: 6 bytes changed) was a ValueError from
+    pathlib, a traceback."""
+    data = narrowed.read_bytes()
+    name = smol_q4_0.name.encode()
+    assert data.count(name) == 1
+    copy = tmp_path / narrowed.name
+    copy.write_bytes(data.replace(name, b"../" + name[3:]))  # the same length: nothing moves
+    (tmp_path / smol_q4_0.name).symlink_to(smol_q4_0)
+    code, out, _ = cli(capsys, "inspect", str(copy), str(smol_path), "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["pairable"] is False
+    assert "which is no file name" in verdict["reason"]
+    code, _, err = cli(capsys, "run", "-m", str(smol_path), "--draft", str(copy), "-n", "2", "Hi")
+    assert code == 1 and err.startswith("error: ") and "which is no file name" in err
+    assert "Traceback" not in err
+
+
 def test_inspect_of_a_narrowed_draft_without_its_full_one_answers_in_json(
     capsys, narrowed, smol_path, tmp_path
 ):
