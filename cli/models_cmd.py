@@ -44,7 +44,7 @@ def list_models() -> None:
     for s in catalogue.specs().values():
         state = "fetched" if catalogue.is_fetched(s.name) else "not fetched"
         # A draft's copies (made on first use) can take more room than the draft itself.
-        copies = sum(p.stat().st_size for p in catalogue.made_from(model_file(s.name)))
+        copies = sum(map(_size, catalogue.made_from(model_file(s.name))))
         made = f", copies made of it {copies / 2**20:.0f} MiB" if copies else ""
         head = f"{s.name}  {s.size / 2**20:.0f} MiB, {state}{made}"
         head = textwrap.fill(head, width, subsequent_indent="    ")
@@ -53,6 +53,15 @@ def list_models() -> None:
         console.print(line, soft_wrap=True)
         about = textwrap.fill(s.description, width, initial_indent="  ", subsequent_indent="  ")
         console.print(about, style="dim", markup=False, soft_wrap=True)
+
+
+def _size(path: Path) -> int:
+    """A file's size; 0 for a link to nothing (models on a card not mounted): one such link
+    made `models list` an error, and nothing was listed."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def model_file(name: str) -> Path:
@@ -133,11 +142,12 @@ def remove(
     missing = []
     for name, model in files.items():
         copies = catalogue.made_from(model)
-        doomed = ([model] if model.is_file() else []) + copies
+        doomed = ([model] if model.is_file() or model.is_symlink() else []) + copies
         if not doomed:
             missing.append(name)
             continue
-        freed = sum(path.stat().st_size for path in doomed)
+        # A link frees only itself: its file stays where it is (and a link to nothing failed).
+        freed = sum(path.lstat().st_size for path in doomed)
         for path in doomed:
             path.unlink()
         what = ["the model"] if doomed[0] == model else []

@@ -24,7 +24,10 @@ from pathlib import Path
 
 from edgespec.errors import ModelFetchError, UnknownModelError
 from edgespec.files import (
+    LEFTOVER_AGE_S,
+    leftovers,
     remove_leftovers,
+    size_of,
     temporaries_of,
     user_home,
     user_path,
@@ -117,7 +120,7 @@ def made_from(model: Path) -> list[Path]:
     draft_head.py), and the copies an older edgespec made."""
     stem = re.escape(model.stem)
     made = re.compile(
-        rf"{stem}(\.q4_0-all)?(\.head\d+k)?\.gguf|{stem}\.(draft-choice\.json|requant-q4_0\.gguf)"
+        rf"{stem}(\.q4_0-all)?(\.head\d+k?)?\.gguf|{stem}\.(draft-choice\.json|requant-q4_0\.gguf)"
     )
     try:
         return sorted(p for p in model.parent.iterdir() if p != model and made.fullmatch(p.name))
@@ -146,9 +149,23 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
     # nearly full, better said now than after a download of a gigabyte.
     needed = s.size + s.size // len(s.parts)
     if (free := shutil.disk_usage(dest).free) < needed:
+        # A fetch killed a minute ago (the OOM killer) left its files: the room they take is
+        # not the user's to find.
+        stale = [
+            *leftovers(dest, DOWNLOAD_FOLDER),
+            *leftovers(dest, temporaries_of(dest / s.filename)),
+        ]
+        held = sum(size_of(entry) for entry in stale)
+        left = (
+            f"; a fetch that was stopped left {held / 2**20:,.0f} MB in "
+            f"{', '.join(entry.name for entry in stale)}, which goes once nothing has written "
+            f"to it for {LEFTOVER_AGE_S / 60:.0f} minutes (or delete it)"
+            if held
+            else ""
+        )
         raise ModelFetchError(
             f"no room for {s.name} in {dest}: it needs about {needed / 2**20:,.0f} MB, "
-            f"{free / 2**20:,.0f} MB are free"
+            f"{free / 2**20:,.0f} MB are free{left}"
         )
     # Wheels go next to the model, not to /tmp: that is often a small tmpfs on phones and Pis.
     with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=dest) as tmp:

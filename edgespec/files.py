@@ -120,16 +120,39 @@ def remove_leftovers(folder: Path, pattern: str) -> None:
     expression whose group 1 is the id of the process that made them, where that process is
     gone. A writer killed outright (SIGKILL, the OOM killer, Android ending Termux) cleans up
     nothing, and its temporary files, hidden and as large as a model, would stay for good."""
+    for entry in leftovers(folder, pattern):
+        with contextlib.suppress(OSError):
+            if not _untouched_for(entry, LEFTOVER_AGE_S):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+def leftovers(folder: Path, pattern: str) -> list[Path]:
+    """The files and folders of `remove_leftovers`'s `pattern` in `folder` whose process is gone
+    (or, see LEFTOVER_AGE_S, runs where this one cannot see it)."""
     name = re.compile(pattern)
-    with contextlib.suppress(OSError):  # no such folder, or one this process cannot list
-        for entry in folder.iterdir():
-            match = name.fullmatch(entry.name)
-            if match and not _running(int(match[1])) and _untouched_for(entry, LEFTOVER_AGE_S):
-                with contextlib.suppress(OSError):
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry)
-                    else:
-                        entry.unlink()
+    try:  # no such folder, or one this process cannot list: none
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return [
+        entry
+        for entry in entries
+        if (match := name.fullmatch(entry.name)) and not _running(int(match[1]))
+    ]
+
+
+def size_of(entry: Path) -> int:
+    """Bytes a file, or a folder's files, take (0 for what cannot be read)."""
+    paths = entry.rglob("*") if entry.is_dir() and not entry.is_symlink() else [entry]
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += path.lstat().st_size
+    return total
 
 
 # A process id says nothing of a writer in another PID namespace (a container sharing the
