@@ -672,10 +672,11 @@ def inspect(
         return
     console = Console(highlight=False)
     table = Table(show_header=bool(other))
-    table.add_column("")
+    # Folded, not cut: at 80 columns the path ended "….gg…", at a phone's 50 "/tmp/s56/qa-c…".
+    table.add_column("", overflow="fold")
     # As Text, not markup: a file's name or metadata holding "[/x]" stopped rich with an error.
     for info in infos:
-        table.add_column(Text(info.path.name))
+        table.add_column(Text(info.path.name), overflow="fold")
     summaries = [info.summary() for info in infos]
     for key in summaries[0]:
         table.add_row(key, *(Text(str(summary[key])) for summary in summaries))

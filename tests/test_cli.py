@@ -7,6 +7,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -406,6 +407,19 @@ def test_inspect_shows_metadata_and_whether_two_files_pair(capsys, smol_path, sm
     other = write_tiny_gguf(tmp_path / "other.gguf", n_vocab=300)
     code, out, _ = cli(capsys, "inspect", str(smol_path), str(other), "--json")
     assert code == 0 and json.loads(out)["pairable"] is False
+
+
+@pytest.mark.parametrize("columns", [50, 80])
+def test_inspect_folds_long_values_on_a_narrow_terminal_rather_than_cut_them(
+    capsys, smol_path, monkeypatch, columns
+):
+    """At 80 columns the path ended "….gg…"; at a phone's 50, "/tmp/s56/qa-c…"."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = cli(capsys, "inspect", str(smol_path))
+    assert code == 0 and "…" not in out
+    assert all(len(line) <= columns for line in out.splitlines())
+    stitched = re.sub(r"[│┃\s]", "", out)  # a folded cell's lines, joined up again
+    assert f"path{smol_path}" in stitched
 
 
 def test_inspect_prints_names_and_metadata_as_written_not_as_markup(capsys, tmp_path):
