@@ -34,6 +34,7 @@ fail() {
 }
 
 limit=() # none: edgespec's own, which config.toml or EDGESPEC_MAX_TOKENS may set
+literal=0 # after --: "-" is the question, not stdin
 while (($#)); do
 	case "$1" in
 	-n)
@@ -42,13 +43,13 @@ while (($#)); do
 		shift 2
 		;;
 	-h | --help) usage && exit 0 ;;
-	--) shift && break ;;
+	--) shift && literal=1 && break ;;
 	-?*) fail "unknown option $1 (see --help)" 2 ;;
 	*) break ;;
 	esac
 done
 
-if (($#)) && [[ $* != - ]]; then
+if (($#)) && { ((literal)) || [[ $* != - ]]; }; then
 	question="$*"
 elif [[ -t 0 ]]; then
 	fail "no question: give it as arguments or on stdin (see --help)" 2

@@ -147,7 +147,7 @@ fetch_and_profile() {
 	if [[ -z $target ]]; then
 		if ((memory > 0 && memory < SMALL_MEMORY_MIB)); then
 			target=qwen2.5-coder-0.5b
-			if [[ -z $draft || $draft == "$target" ]]; then # a model drafting for itself gains nothing
+			if [[ -z $draft || $draft == "$target" || $draft == none ]]; then # itself: it gains nothing
 				say "this $device has $memory MiB of memory: too little for the 1.5B target with a draft;" \
 					"fetching the 0.5B alone (plain decoding, no speculation)"
 				draft=none

@@ -197,6 +197,15 @@ def test_with_little_memory_a_named_draft_that_is_the_small_model_is_left_out(sa
     assert "profile --quick -m qwen2.5-coder-0.5b\n" in done.stdout
 
 
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+def test_with_little_memory_no_draft_asked_for_is_said_as_such(script, sandbox):
+    """It said "the 0.5B is the target, none its draft"."""
+    small = {**sandbox, "EDGESPEC_MEM_MIB": "1900"}
+    done = run_script(script, "--dry-run", "--draft", "none", env=small)
+    assert done.returncode == 0, done.stderr
+    assert "fetching the 0.5B alone" in done.stdout and "none its draft" not in done.stdout
+
+
 def test_a_target_chosen_alone_has_no_draft_as_in_edgespec_run(sandbox):
     done = run_script("rpi-setup.sh", "--dry-run", "--target", "smollm2-135m", env=sandbox)
     assert done.returncode == 0, done.stderr
@@ -312,6 +321,13 @@ def test_ask_prints_the_answer_and_a_line_of_statistics(fake, tmp_path):
     assert done.stderr == "2 tokens, 35.5 tok/s, mode chain, acceptance 90%\n"
     assert (tmp_path / "args").read_text() == "run --json -n 32 -\n"
     assert (tmp_path / "stdin").read_text() == "What is a palindrome?\n"
+
+
+def test_ask_takes_a_dash_after_two_dashes_as_the_question(fake, tmp_path):
+    """Its usage says what follows -- is the question: "-" was taken as stdin all the same."""
+    done = run_script(ASK, "--", "-", env=fake, stdin="not this\n")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "stdin").read_text() == "-\n"
 
 
 def test_ask_reads_the_question_from_stdin(fake, tmp_path):
