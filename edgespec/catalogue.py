@@ -157,15 +157,15 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
         ]
         held = sum(size_of(entry) for entry in stale)
         left = (
-            f"; a fetch that was stopped left {held / 2**20:,.0f} MB in "
+            f"; a fetch that was stopped left {held / 2**20:,.0f} MiB in "
             f"{', '.join(entry.name for entry in stale)}, which goes once nothing has written "
             f"to it for {LEFTOVER_AGE_S / 60:.0f} minutes (or delete it)"
             if held
             else ""
         )
         raise ModelFetchError(
-            f"no room for {s.name} in {dest}: it needs about {needed / 2**20:,.0f} MB, "
-            f"{free / 2**20:,.0f} MB are free{left}"
+            f"no room for {s.name} in {dest}: it needs about {needed / 2**20:,.0f} MiB, "
+            f"{free / 2**20:,.0f} MiB are free{left}"
         )
     # Wheels go next to the model, not to /tmp: that is often a small tmpfs on phones and Pis.
     with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=dest) as tmp:

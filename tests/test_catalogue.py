@@ -430,7 +430,7 @@ def test_models_fetch_prints_only_the_paths_on_stdout(registry):
 def test_models_fetch_says_what_it_downloads_where_there_is_no_progress_bar(registry):
     result = run("fetch", "tiny")  # stderr is not a terminal here, as in a script's log
     assert result.exit_code == 0
-    assert result.stderr == f"fetching tiny (0 MB) into {catalogue.models_dir()}\n"
+    assert result.stderr == f"fetching tiny (0 MiB) into {catalogue.models_dir()}\n"
     assert registry == ["pkg0"]
 
 
@@ -491,7 +491,7 @@ def test_no_room_for_a_fetch_says_what_a_fetch_killed_minutes_ago_left(registry,
     with pytest.raises(ModelFetchError) as no_room:
         catalogue.fetch("tiny")
     said = str(no_room.value)
-    assert f"a fetch that was stopped left 3 MB in {leftover.name}" in said
+    assert f"a fetch that was stopped left 3 MiB in {leftover.name}" in said
     assert "once nothing has written to it for 10 minutes (or delete it)" in said
     assert leftover.exists()
 
