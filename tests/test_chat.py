@@ -391,7 +391,8 @@ def test_a_piped_chat_waiting_for_its_next_message_ends_at_ctrl_c(smol_path, tmp
     """It said "Use /bye or Ctrl+D to exit." and waited on: neither can be typed into a pipe."""
     argv, env = chat_argv(smol_path), chat_env(tmp_path)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=hear_ctrl_c)  # fmt: skip
     assert proc.stdin is not None and proc.stderr is not None
     proc.stdin.write("Hi\n")
     proc.stdin.flush()
