@@ -97,7 +97,9 @@ def fetch_with_progress(name: str, console: Console) -> Path:
         return present
     size_mb = catalogue.spec(name).size / 2**20
     where = catalogue.models_dir()
-    console.print(f"fetching {name} ({size_mb:,.0f} MiB) into {where}", markup=False, soft_wrap=True)
+    console.print(
+        f"fetching {name} ({size_mb:,.0f} MiB) into {where}", markup=False, soft_wrap=True
+    )
     if not console.is_terminal:
         return catalogue.fetch(name)
     columns = (
