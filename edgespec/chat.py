@@ -169,6 +169,7 @@ def typed_pieces(
 PROBE = "Which prime follows 7919?"
 
 
+@lru_cache(maxsize=8)  # `run` checks before loading, the engine at every text prompt
 def check_keeps_the_message(template: str, system: str | None = None) -> None:
     """Refuse a template that leaves out the message it is given: one that wrote a fixed text
     had the model answer that text instead of the question, and nothing said so."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import shutil
 import signal
 import struct
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +106,35 @@ def write_vocab_copy(source: Path, path: Path, tokens: dict[int, str]) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+@contextlib.contextmanager
+def held_in_a_round(engine, generate: Callable[[], object], at_step: int) -> Iterator[list]:
+    """`generate()` on a thread of its own, held inside the engine's `at_step`-th plain step
+    (the engine busy there) until the block ends; yields the list its result goes into once the
+    thread is done."""
+    inside, release = threading.Event(), threading.Event()
+    plain_step, steps = engine._plain_step, 0
+
+    def held_plain_step(run):
+        nonlocal steps
+        steps += 1
+        if steps == at_step:
+            inside.set()
+            release.wait(30)
+        return plain_step(run)
+
+    engine._plain_step = held_plain_step
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(generate()))
+    thread.start()
+    try:
+        assert inside.wait(30)
+        yield results
+    finally:
+        release.set()
+        thread.join(30)
+        del engine._plain_step
 
 
 def hear_ctrl_c() -> None:

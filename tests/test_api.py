@@ -5,12 +5,13 @@ catching apart importable from `edgespec`; arguments the CLI would check, checke
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
 
 import edgespec
 from edgespec.errors import BadSettingError, EdgespecError
+
+from .helpers import held_in_a_round
 
 PROMPT = "The three primary colours are"
 
@@ -38,36 +39,16 @@ def test_a_second_thread_generating_while_a_round_runs_is_told_the_engine_is_bus
     or "llama_decode failed" (and two decodes on one context could crash). Here the second
     comes while the first is inside a round: refused, and the first finishes as if alone."""
     engine = plain_engine
-    whole = engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
-    inside, release = threading.Event(), threading.Event()
-    plain_step = engine._plain_step
-    steps = 0
 
-    def slow_plain_step(run):
-        nonlocal steps
-        steps += 1
-        if steps == 3:
-            inside.set()
-            release.wait(30)
-        return plain_step(run)
+    def first() -> str:
+        return engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
 
-    engine._plain_step = slow_plain_step
-    texts = []
-    try:
-        first = threading.Thread(target=lambda: texts.append(
-            engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text
-        ))  # fmt: skip
-        first.start()
-        assert inside.wait(30)
+    whole = first()
+    with held_in_a_round(engine, first, at_step=3) as texts:
         with pytest.raises(EdgespecError, match="generating in another thread"):
             engine.generate("Another question", max_tokens=4, mode="target")
         with pytest.raises(EdgespecError, match="generating in another thread"):
             engine.catch_up_draft() if engine.draft else engine.close()
-        release.set()
-        first.join(30)
-    finally:
-        release.set()
-        del engine._plain_step
     assert texts == [whole]
     assert engine.generate(PROMPT, max_tokens=12, mode="target", chat=False).text == whole
 

@@ -14,7 +14,7 @@ from edgespec.backend import Context, Model
 from edgespec.errors import BadSettingError, ContextOverflowError
 from edgespec.text import Detokenizer, StopMatcher
 
-from .helpers import assert_same_or_near_tie, fresh_logits, write_vocab_copy
+from .helpers import assert_same_or_near_tie, fresh_logits, held_in_a_round, write_vocab_copy
 
 PROMPTS = [
     "Write a Python function that reverses a linked list.",
@@ -407,30 +407,12 @@ def test_a_stream_ended_by_another_thread_ends_there_and_leaves_that_thread_be(p
     stream = engine.stream(PROMPTS[1], max_tokens=20, mode="target")
     pieces = iter(stream)
     first = next(pieces)
-    inside, release = threading.Event(), threading.Event()
-    plain_step, steps = engine._plain_step, 0
-
-    def held_plain_step(run):
-        nonlocal steps
-        steps += 1
-        if steps == 2:
-            inside.set()
-            release.wait(30)
-        return plain_step(run)
-
-    engine._plain_step = held_plain_step
-    texts = []
-    other = threading.Thread(target=lambda: texts.append(greedy(engine, PROMPTS[2], "target", 12)))
-    other.start()
-    try:
-        assert inside.wait(30)  # the other generation has ended this stream and holds a round
+    other = lambda: greedy(engine, PROMPTS[2], "target", 12)  # noqa: E731
+    # The other generation ends this stream, then holds the engine inside a round.
+    with held_in_a_round(engine, other, at_step=2) as results:
         assert list(pieces) == []
         assert stream.result.stats.finish_reason == "superseded" and stream.result.text == first
-    finally:
-        release.set()
-        other.join(30)
-        del engine._plain_step
-    assert [t.tokens for t in texts] == [whole.tokens]
+    assert [r.tokens for r in results] == [whole.tokens]
 
 
 @pytest.mark.parametrize("ended_by", ["break", "another generation"])
@@ -509,7 +491,6 @@ def test_a_prompt_of_token_ids_may_be_a_numpy_array_and_none_is_an_empty_prompt(
 
 
 def test_a_closed_engine_frees_its_threads_and_generates_no_more(smol_path):
-    import threading
 
     import edgespec
 
