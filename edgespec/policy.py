@@ -47,17 +47,6 @@ SUREST = 0.99
 # 1.14-1.37x under a ceiling of ~1.6 (a share of 0.7-0.85).
 SHARE_PRIOR_TRIES = 2.0
 MAX_SHARE_TRIES = 8.0
-# A share that shut the gate kept it shut for good: no try came to measure it again, in that run
-# or the next (the engine remembers it). And tries are noisy: on a Zen 5 here (2026-11-29) seven
-# tries on code made 0.56-1.04x plain (shares of 0.42-0.71 of ceilings of 1.43-1.72) where
-# `chain` made 1.01-1.19x over whole answers; the gate shut by the third code prompt and auto
-# decoded plainly (0.98x) where, held open, it made 1.11x. So while the share alone keeps it
-# shut (the ceiling would open it at the prior's share), what the tries said fades, its weight
-# halved every SHARE_HALF_LIFE rounds: the gate reopens, a probe comes on sure text, and its
-# verdict counts in full. Where probes keep losing, one comes about every SHARE_HALF_LIFE
-# rounds: a catch-up and a few losing rounds per ~1000 steps.
-SHARE_HALF_LIFE = 1024
-SHARE_FADE = 0.5 ** (1.0 / SHARE_HALF_LIFE)
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16
 # tokens on the same code here, and with a memory of 3 rounds (weight 0.3) two short chains
@@ -460,25 +449,19 @@ class CeilingShare:
     towards MARGIN / CEILING_MARGIN as if that had been seen in SHARE_PRIOR_TRIES tries."""
 
     total: float = 0.0  # the tries' shares, summed (scaled down past MAX_SHARE_TRIES)
-    tries: float = 0.0  # their weights (a try is 1; see Arm.stretch_weight)
+    tries: float = 0.0
 
     @property
     def value(self) -> float:
         prior = SHARE_PRIOR_TRIES * MARGIN / CEILING_MARGIN
         return (prior + self.total) / (SHARE_PRIOR_TRIES + self.tries)
 
-    def record(self, share: float, weight: float = 1.0) -> None:
-        self.total += share * weight
-        self.tries += weight
+    def record(self, share: float) -> None:
+        self.total += share
+        self.tries += 1
         if self.tries > MAX_SHARE_TRIES:
             self.total *= MAX_SHARE_TRIES / self.tries
             self.tries = MAX_SHARE_TRIES
-
-    def fade(self) -> None:
-        """A round decided with the gate shut by this share: what the tries said weighs less
-        (SHARE_HALF_LIFE)."""
-        self.total *= SHARE_FADE
-        self.tries *= SHARE_FADE
 
 
 @dataclass
@@ -508,11 +491,6 @@ class Arm:
     try_rounds: int = 0  # the current try's rounds so far, and what they made
     try_tokens: int = 0
     try_seconds: float = 0.0
-    # Its rounds since a try put it in use, and what they made: the share of its ceiling it
-    # reached there counts as tries do (AutoPolicy._end_stretch).
-    stretch_rounds: int = 0
-    stretch_tokens: int = 0
-    stretch_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -578,7 +556,6 @@ class AutoPolicy:
             arm.in_use = False
             arm.since_try = arm.probe_every
             arm.trying = False
-            arm.stretch_rounds, arm.stretch_tokens, arm.stretch_seconds = 0, 0, 0.0
 
     def plain_rate(self) -> float:
         return 1.0 / self.costs.verify_s(1)
@@ -594,9 +571,7 @@ class AutoPolicy:
 
     def models_can_pay(self) -> bool:
         """Whether the ceiling, at the share of it drafts reach here, beats plain decoding."""
-        return self._pays(self.model_ceiling())
-
-    def _pays(self, ceiling: float | None) -> bool:
+        ceiling = self.model_ceiling()
         return ceiling is None or ceiling * self.share.value > MARGIN
 
     def record_plain_step(self, confidence: float) -> None:
@@ -620,14 +595,10 @@ class AutoPolicy:
         for arm in self.arms:
             arm.since_try += 1
         # If not, not even at its best: drafting only costs.
-        ceiling = self.model_ceiling() if self.arms else None
-        can_pay = self.can_pay = bool(self.arms) and self._pays(ceiling)
-        if not can_pay and ceiling is not None and ceiling > CEILING_MARGIN:
-            self.share.fade()  # shut by the share alone: it must not stay shut for good
+        can_pay = self.can_pay = bool(self.arms) and self.models_can_pay()
         using = [a for a in self.arms if a.in_use] if can_pay else []
         best = max(using, key=lambda a: a.rate, default=None)
         if best is not None and best.rate < plain * KEEP_MARGIN:
-            self._end_stretch(best)
             best.in_use = False  # fell behind plain decoding: its tries space out
             best.probe_every = min(best.probe_every * 2, self.MAX_PROBE_EVERY)
             # As after a lost try (see _judge): the other arms draft from the same draft. A tree
@@ -670,9 +641,6 @@ class AutoPolicy:
         if not arm.trying:  # in use: choose() takes it out if it falls behind
             arm.tokens.update(tokens)
             arm.seconds.update(seconds)
-            arm.stretch_rounds += 1
-            arm.stretch_tokens += tokens
-            arm.stretch_seconds += seconds
             return
         arm.try_rounds += 1  # a try is judged on the sum of its rounds
         arm.try_tokens += tokens
@@ -691,21 +659,6 @@ class AutoPolicy:
         for arm in self.arms:
             if arm.trying and arm.try_rounds >= TRY_ROUNDS:
                 self._judge(arm)
-            if arm.in_use:
-                self._end_stretch(arm)
-
-    def _end_stretch(self, arm: Arm) -> None:
-        """An arm leaves use (or the answer ends): the share of its ceiling it reached in use
-        counts as tries do, weighted by its rounds over TRY_MAX_ROUNDS. It measures the arm over
-        more rounds than a try: chain rounds yield 1 to 16 tokens, and on code here (a Zen 5,
-        2026-11-29) `chain`'s windows of 4 rounds made 0.78-0.91x plain (medians) in answers
-        that made 0.94-1.06x, so tries alone came out low."""
-        ceiling = self.model_ceiling()
-        if arm.stretch_rounds and ceiling:
-            rate = arm.stretch_tokens / max(arm.stretch_seconds, 1e-9)
-            weight = arm.stretch_rounds / TRY_MAX_ROUNDS
-            self.share.record(rate / self.plain_rate() / ceiling, weight)
-        arm.stretch_rounds, arm.stretch_tokens, arm.stretch_seconds = 0, 0, 0.0
 
     def _judge(self, arm: Arm) -> None:
         """A try's verdict, on the sum of its rounds: in use if it beat plain decoding."""
@@ -718,7 +671,6 @@ class AutoPolicy:
         arm.tokens.value = arm.try_tokens / arm.try_rounds
         arm.seconds.value = arm.try_seconds / arm.try_rounds
         arm.in_use = won
-        arm.stretch_rounds, arm.stretch_tokens, arm.stretch_seconds = 0, 0, 0.0
         # One good try brings the next close, so a text that turns predictable is noticed
         # within a few rounds; failures space the tries out.
         if arm.in_use:
