@@ -56,12 +56,18 @@ def bench(
     modes: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated modes, e.g. target,chain,llama; a size compares settings: "
-            "chain:8 drafts 8, tree:16 grows 16 nodes [default: all that can run]"
+            help="Comma-separated modes of target, chain, tree, ngram, auto, llama (plain, "
+            "llama-cpp-python's Llama) and llama-lookup (its LlamaPromptLookupDecoding); a size "
+            "compares settings: chain:8 drafts 8, tree:16 grows 16 nodes [default: all that can "
+            "run]"
         ),
     ] = None,
     classes: Annotated[
-        str | None, typer.Option(help="Comma-separated prompt classes [default: all]")
+        str | None,
+        typer.Option(
+            help="Comma-separated prompt classes; the shipped suite's are code, edit, chat and "
+            "summary [default: all]"
+        ),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Runs of every mode on every prompt")] = 3,
     threads: Annotated[

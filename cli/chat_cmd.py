@@ -294,15 +294,22 @@ class Repl:
                 "longer sees them (/save still keeps them)[/dim]",
                 soft_wrap=True,
             )
+        pieces = iter(reply)
         try:
             self.settle()
-            for piece in reply:
+            for piece in pieces:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except (Ended, OSError):
-            reply.close()  # now, not when the traceback lets the generator go
+            pieces.close()  # now, not when the traceback lets the generator go
+            reply.close()
             raise
         except KeyboardInterrupt:
+            # Closed here, not where Python drops it: a second Ctrl+C while the caches settle is
+            # raised once they have, and there it was printed as "Exception ignored in …" with
+            # a traceback. It interrupts the same answer.
+            with contextlib.suppress(KeyboardInterrupt):
+                pieces.close()
             reply.close()
             self.keep()
             sys.stdout.write("\n")

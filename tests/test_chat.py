@@ -1449,3 +1449,51 @@ def test_a_system_message_the_template_refuses_only_with_the_history_is_refused_
     with pytest.raises(EdgespecError, match="a system message only begins a chat"):
         conversation.set_system("Be brief.")
     assert conversation.system is None
+
+
+def test_ctrl_c_pressed_twice_in_an_answer_interrupts_it_once_and_settles_its_caches(
+    self_draft_engine, monkeypatch
+):
+    """The first Ctrl+C came while the answer's text was written, the second while the caches
+    were settled: that one was raised where Python drops the answer's generator, and printed
+    "Exception ignored in: <generator object Stream.__iter__ …>" with its traceback."""
+    from edgespec.cli import chat_cmd
+    from edgespec.config import Settings
+
+    engine = self_draft_engine
+    trim, trimmed = engine._trim_caches, []
+
+    def pressed_again_while_trimming(run):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs here, between bytecodes
+        trim(run)
+        trimmed.append(True)
+
+    class PressedWhileWriting:  # the first Ctrl+C, at the third piece of text
+        def __init__(self) -> None:
+            self.pieces: list[str] = []
+            self.pressed = False
+
+        def write(self, text: str) -> None:
+            if len(self.pieces) == 2 and not self.pressed:
+                self.pressed = True
+                raise KeyboardInterrupt
+            self.pieces.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    dropped: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    monkeypatch.setattr(engine, "_trim_caches", pressed_again_while_trimming)
+    monkeypatch.setattr(sys, "stdout", PressedWhileWriting())
+    conversation = Conversation(engine)
+    repl = chat_cmd.Repl(conversation, Settings(max_tokens=40, mode="tree"), interactive=True)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        repl.answer("Tell me about the sea.")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert trimmed == [True] and not dropped
+    assert conversation.messages[-1].role == "assistant"
+    assert conversation.messages[-1].interrupted

@@ -704,6 +704,19 @@ def test_a_bench_at_a_negative_temperature_is_one_clear_line(capsys, smol_path):
     one_line_error(code, err, "--temp")
 
 
+def test_the_bench_help_names_every_mode_and_the_shipped_classes(capsys):
+    """Only an error named them: a user had to get one wrong to learn them."""
+    from edgespec.bench import available_modes, load_prompts
+
+    code, out, _ = cli(capsys, "bench", "--help")
+    assert code == 0
+    text = " ".join(out.replace("│", " ").split())  # unwrapped, the frame's bars aside
+    for mode in available_modes(has_draft=True):
+        assert re.search(rf"(?<![\w-]){re.escape(mode)}(?![\w-])", text), mode
+    for class_name in {p.class_name for p in load_prompts()}:
+        assert re.search(rf"\b{class_name}\b", text), class_name
+
+
 def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,warp")
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
