@@ -1455,8 +1455,8 @@ def test_ctrl_c_pressed_twice_in_an_answer_interrupts_it_once_and_settles_its_ca
     self_draft_engine, monkeypatch
 ):
     """The first Ctrl+C came while the answer's text was written, the second while the caches
-    were settled: that one was raised where Python drops the answer's generator, and printed
-    "Exception ignored in: <generator object Stream.__iter__ …>" with its traceback."""
+    were settled: that one was raised where Python dropped the answer's generator, and printed
+    "Exception ignored in: <generator object Reply.__iter__ …>" with its traceback."""
     from edgespec.cli import chat_cmd
     from edgespec.config import Settings
 
