@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import shutil
 import signal
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -135,6 +137,21 @@ def held_in_a_round(engine, generate: Callable[[], object], at_step: int) -> Ite
         release.set()
         thread.join(30)
         del engine._plain_step
+
+
+def ctrl_c_while_trimming(engine, monkeypatch) -> list[bool]:
+    """Have a Ctrl+C reach this process as the engine begins to settle its caches after a
+    generation (its trimming); returns a list that gets True once the trimming is done."""
+    trim, trimmed = engine._trim_caches, []
+
+    def pressed_while_trimming(run):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs here, between bytecodes
+        trim(run)
+        trimmed.append(True)
+
+    monkeypatch.setattr(engine, "_trim_caches", pressed_while_trimming)
+    return trimmed
 
 
 def hear_ctrl_c() -> None:

@@ -19,7 +19,7 @@ import edgespec
 from edgespec.conversation import Conversation, Message
 from edgespec.errors import BadSettingError, ContextOverflowError, EdgespecError
 
-from .helpers import hear_ctrl_c, with_bool_metadata, write_spm_vocab
+from .helpers import ctrl_c_while_trimming, hear_ctrl_c, with_bool_metadata, write_spm_vocab
 
 STATS_LINE = r"\d+ tokens, .*context \d+/\d+"
 TIMEOUT = 60.0  # per step: generous, the test machines are small and shared
@@ -1461,13 +1461,6 @@ def test_ctrl_c_pressed_twice_in_an_answer_interrupts_it_once_and_settles_its_ca
     from edgespec.config import Settings
 
     engine = self_draft_engine
-    trim, trimmed = engine._trim_caches, []
-
-    def pressed_again_while_trimming(run):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # the handler runs here, between bytecodes
-        trim(run)
-        trimmed.append(True)
 
     class PressedWhileWriting:  # the first Ctrl+C, at the third piece of text
         def __init__(self) -> None:
@@ -1485,7 +1478,7 @@ def test_ctrl_c_pressed_twice_in_an_answer_interrupts_it_once_and_settles_its_ca
 
     dropped: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", dropped.append)
-    monkeypatch.setattr(engine, "_trim_caches", pressed_again_while_trimming)
+    trimmed = ctrl_c_while_trimming(engine, monkeypatch)  # the second Ctrl+C
     monkeypatch.setattr(sys, "stdout", PressedWhileWriting())
     conversation = Conversation(engine)
     repl = chat_cmd.Repl(conversation, Settings(max_tokens=40, mode="tree"), interactive=True)

@@ -14,7 +14,13 @@ from edgespec.backend import Context, Model
 from edgespec.errors import BadSettingError, ContextOverflowError
 from edgespec.text import Detokenizer, StopMatcher
 
-from .helpers import assert_same_or_near_tie, fresh_logits, held_in_a_round, write_vocab_copy
+from .helpers import (
+    assert_same_or_near_tie,
+    ctrl_c_while_trimming,
+    fresh_logits,
+    held_in_a_round,
+    write_vocab_copy,
+)
 
 PROMPTS = [
     "Write a Python function that reverses a linked list.",
@@ -438,15 +444,7 @@ def test_a_second_ctrl_c_while_a_stream_settles_the_caches_waits_until_they_are(
     where a tree's branches were still in them for the next answer."""
     engine = self_draft_engine
     whole = greedy(engine, PROMPTS[0], "tree", n=24)
-    trim, trimmed = engine._trim_caches, []
-
-    def pressed_again_while_trimming(run):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # the handler runs here, between bytecodes
-        trim(run)
-        trimmed.append(True)
-
-    monkeypatch.setattr(engine, "_trim_caches", pressed_again_while_trimming)
+    trimmed = ctrl_c_while_trimming(engine, monkeypatch)  # the second Ctrl+C
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
         with pytest.raises(KeyboardInterrupt):
