@@ -436,7 +436,9 @@ class Engine:
             Arm.remembered(name, self._memory.probe_every.get(name, 0))
             for name in (("chain", "tree") if draft else ())
         ]
-        self.ceiling_share = CeilingShare(self._memory.share_total, self._memory.share_tries)
+        memory = self._memory
+        share = (memory.share_total, memory.share_tries, memory.rounds_shut)
+        self.ceiling_share = CeilingShare(*share)
         # How far auto mode's passes of the target here were from its curve, kept up to date.
         self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
         self._batch_factor = load_batch_factor(*self._passes_key, self.profile)
@@ -967,7 +969,7 @@ class Engine:
         draft_cost = costs.draft_cost(known=self._memory.draft_cost)  # as timed, if it was
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         share = self.ceiling_share
-        memory = AutoMemory(tried, draft_cost, share.total, share.tries)
+        memory = AutoMemory(tried, draft_cost, share.total, share.tries, share.rounds_shut)
         # A chat remembers after every answer: the file is written only when it would change.
         if (tried or draft_cost is not None) and not memory.same_as(self._memory):
             save_auto_memory(*self._arms_key, memory)
@@ -1529,7 +1531,7 @@ class Engine:
         else:
             token, row = self._plain_step(run)
             costs.record_step(time.perf_counter() - t0)
-            if policy.can_pay:  # how sure the target is says when to probe the draft
+            if policy.may_draft:  # how sure the target is says when to probe the draft
                 top = token if run.sampling.greedy else None  # greedy: the argmax, known
                 policy.record_plain_step(top_candidates(row, 1, self._target_mask, top)[0][1])
             run.last_choice = choice

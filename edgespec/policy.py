@@ -47,6 +47,18 @@ SUREST = 0.99
 # 1.14-1.37x under a ceiling of ~1.6 (a share of 0.7-0.85).
 SHARE_PRIOR_TRIES = 2.0
 MAX_SHARE_TRIES = 8.0
+# Where the share alone keeps the gate shut (the ceiling itself would pass), a model arm is
+# tried again once this many rounds have been decided since the last try (on sure text, where
+# catching the draft up fits the answer): only tries move the share, so without them a gate
+# shut once stayed shut on that device for good. On a Zen 5 here six short tries on code left a
+# share of 0.61 (a gate at 0.94 against 1.03) where `chain` made 1.09x plain and auto 0.98x
+# (2026-11-29). A try costs its catch-up (at most ANSWER_SHARE of the answer's time left) and,
+# lost, 4-16 rounds at 0.6-0.9x plain: a few plain steps in this many. From a memory whose share
+# (0.61) shut the gate, code and chat, 3 repeats, two runs (trying the tree's arm, then the
+# chain's): auto 1.00 and 1.01x plain on code
+# (tries came; `chain` 1.14x), 1.01 and 0.98x on chat (no try: no sure text), where before it
+# decoded code plainly for good; the share moved from 0.61 to 0.63 in each.
+REPROBE_EVERY = 512
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16
 # tokens on the same code here, and with a memory of 3 rounds (weight 0.3) two short chains
@@ -450,6 +462,7 @@ class CeilingShare:
 
     total: float = 0.0  # the tries' shares, summed (scaled down past MAX_SHARE_TRIES)
     tries: float = 0.0
+    rounds_shut: int = 0  # rounds decided while it kept the gate shut, since a try last began
 
     @property
     def value(self) -> float:
@@ -488,6 +501,7 @@ class Arm:
     tried: bool = False  # by this engine, or (see `remembered`) on this device before
     trying: bool = False  # a try is under way
     try_on_sure_text: bool = False  # it began where the target was sure of its text
+    reprobe: bool = False  # it began while the share kept the gate shut (REPROBE_EVERY)
     try_rounds: int = 0  # the current try's rounds so far, and what they made
     try_tokens: int = 0
     try_seconds: float = 0.0
@@ -504,9 +518,9 @@ class Arm:
         """Tokens per second of the current try's rounds together."""
         return self.try_tokens / max(self.try_seconds, 1e-9)
 
-    def start_try(self, on_sure_text: bool = False) -> str:
+    def start_try(self, on_sure_text: bool = False, reprobe: bool = False) -> str:
         self.trying, self.try_rounds, self.try_tokens, self.try_seconds = True, 0, 0, 0.0
-        self.try_on_sure_text = on_sure_text
+        self.try_on_sure_text, self.reprobe = on_sure_text, reprobe
         return self.name
 
     @classmethod
@@ -541,7 +555,9 @@ class AutoPolicy:
         self.pipelined = pipelined  # chains draft the next one while the target verifies
         self.calibrator = Calibrator()
         self.since_plain = 0  # rounds since the last plain step
-        self.can_pay = False  # what the last choice found of models_can_pay()
+        # What the last choice found: model drafts could pay here at their best (_gates), so
+        # they may be used or tried.
+        self.may_draft = False
         self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
         self.sure_steps = 0  # plain steps of this answer measured so far
         # Every arm is probed afresh on a new answer, once its text is sure. One in use when the
@@ -574,6 +590,16 @@ class AutoPolicy:
         ceiling = self.model_ceiling()
         return ceiling is None or ceiling * self.share.value > MARGIN
 
+    def _gates(self) -> tuple[bool, bool]:
+        """Whether model drafts could pay here at their best (the ceiling alone beats plain
+        decoding), and whether they can at the share of it tries reached (models_can_pay)."""
+        if not self.arms:
+            return False, False
+        ceiling = self.model_ceiling()
+        if ceiling is None:
+            return True, True
+        return ceiling > MARGIN, ceiling * self.share.value > MARGIN
+
     def record_plain_step(self, confidence: float) -> None:
         """A plain step: the target's probability of the token it chose."""
         self.target_sure.update(confidence)
@@ -594,9 +620,16 @@ class AutoPolicy:
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
-        # If not, not even at its best: drafting only costs.
-        can_pay = self.can_pay = bool(self.arms) and self.models_can_pay()
-        using = [a for a in self.arms if a.in_use] if can_pay else []
+        # Not even at its best: drafting only costs. At the share tries reached: tries are
+        # made, else only re-probes (REPROBE_EVERY); an arm a try put in use is used either way,
+        # judged by what it makes.
+        could_pay, can_pay = self._gates()
+        self.may_draft = could_pay
+        if could_pay and not can_pay:
+            self.share.rounds_shut += 1
+        elif can_pay:
+            self.share.rounds_shut = 0
+        using = [a for a in self.arms if a.in_use] if could_pay else []
         best = max(using, key=lambda a: a.rate, default=None)
         if best is not None and best.rate < plain * KEEP_MARGIN:
             best.in_use = False  # fell behind plain decoding: its tries space out
@@ -611,11 +644,13 @@ class AutoPolicy:
         rival, margin = (best.rate, MARGIN) if best is not None else (plain, NGRAM_MARGIN)
         if ngram_rate is not None and ngram_rate > rival * margin:
             return "ngram"
-        if not can_pay:
+        if not could_pay:
             return "plain"
         trying = next((a for a in self.arms if a.trying), None)
+        # A try goes on where the gate is open, or was shut when it began: one whose first
+        # round priced the draft too dear to pay here stops there.
         if trying is not None:
-            return trying.name
+            return trying.name if can_pay or trying.reprobe else "plain"
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
@@ -626,10 +661,16 @@ class AutoPolicy:
         # first prompt, before its text had shown anything (`tree` made 0.67-0.76x plain there,
         # less than `chain` on every class on both CPUs measured).
         untried = [a for a in self.arms if not a.tried]
-        if untried and (sure or len(untried) == len(self.arms)):
+        if can_pay and untried and (sure or len(untried) == len(self.arms)):
             return untried[0].start_try(sure)
         if best is not None:
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
+        if not can_pay:  # the share keeps the gate shut: now and then a try, to move it
+            if not sure or self.share.rounds_shut < REPROBE_EVERY:
+                return "plain"
+            self.share.rounds_shut = 0
+            # The first arm (the chain's): on every CPU measured here the better on code.
+            return self.arms[0].start_try(sure, reprobe=True)
         due = [a for a in self.arms if a.since_try >= a.probe_every and sure]
         return due[0].start_try(sure) if due else "plain"
 

@@ -446,12 +446,14 @@ class AutoMemory:
     """What auto mode learnt about drafting with one model pair on this device, for the next
     run: how often it was probing each way of drafting (see policy.Arm.remembered), what a
     draft step cost in target steps (without a stored draft profile, only a try tells), and
-    what share of their ceiling its tries reached (policy.CeilingShare)."""
+    what share of their ceiling its tries reached, and how many rounds since the last try that
+    share kept drafts out (policy.CeilingShare)."""
 
     probe_every: dict[str, int]
     draft_cost: float | None = None
     share_total: float = 0.0
     share_tries: float = 0.0
+    rounds_shut: int = 0
 
     # A draft cost within this fraction of the stored one is the same cost (it is an average of
     # noisy timings): the file is rewritten only when something worth remembering changed.
@@ -459,6 +461,8 @@ class AutoMemory:
 
     def same_as(self, other: AutoMemory) -> bool:
         if self.probe_every != other.probe_every or self.share_tries != other.share_tries:
+            return False
+        if self.rounds_shut != other.rounds_shut:
             return False
         # with as many tries, the mean share within COST_TOLERANCE: the same
         if abs(self.share_total - other.share_total) > self.COST_TOLERANCE * other.share_tries:
@@ -485,6 +489,7 @@ def load_auto_memory(
             float(cost) if cost is not None and float(cost) > 0 else None,
             share_total,
             share_tries,
+            max(int(data.get("rounds_shut", 0)), 0),
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return AutoMemory({})

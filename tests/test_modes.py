@@ -810,14 +810,17 @@ def test_what_share_of_its_ceiling_the_draft_reached_is_kept_across_answers_and_
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     key = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)._arms_key
-    save_auto_memory(*key, AutoMemory({"chain": 16}, 0.3, share_total=1.2, share_tries=2.0))
+    learnt = AutoMemory({"chain": 16}, 0.3, share_total=1.2, share_tries=2.0, rounds_shut=300)
+    save_auto_memory(*key, learnt)
     engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
-    assert engine.ceiling_share == CeilingShare(1.2, 2.0)
+    assert engine.ceiling_share == CeilingShare(1.2, 2.0, rounds_shut=300)
     engine.ceiling_share.record(0.4)  # as a try on sure text would
     engine.generate(PROMPTS[0], max_tokens=8, mode="auto")
     memory = load_auto_memory(*key)
     assert (memory.share_total, memory.share_tries) == pytest.approx((1.6, 3.0))
-    assert edgespec.load(smol_path, smol_q2_k, n_ctx=1024).ceiling_share == CeilingShare(1.6, 3.0)
+    # the rounds the share kept drafts out, counted on from 300 here, count on in the next run
+    assert memory.rounds_shut == engine.ceiling_share.rounds_shut
+    assert edgespec.load(smol_path, smol_q2_k, n_ctx=1024).ceiling_share == engine.ceiling_share
 
 
 def test_a_tree_round_prices_the_draft_step_without_catching_it_up_on_the_prompt(

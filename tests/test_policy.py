@@ -20,6 +20,7 @@ from edgespec.policy import (
     MAX_SHARE_TRIES,
     MIN_DRAFT_ROUNDS,
     PLAIN_EVERY,
+    REPROBE_EVERY,
     START_FACTOR_BOUND,
     SURE_STEPS,
     SURE_TEXT,
@@ -756,7 +757,9 @@ def test_auto_falls_back_to_plain_and_probes_ever_less_often_while_drafting_lose
     gaps = [b - a for a, b in itertools.pairwise(tries)]
     assert tries[0] == 0 and len(tries) < 10  # a handful of tries in 1000 rounds
     assert gaps == sorted(gaps)  # spaced out more and more
-    assert max(gaps) <= AutoPolicy.MAX_PROBE_EVERY + TRY_ROUNDS
+    # ... until the tries' share of the ceiling shuts the gate: then one in REPROBE_EVERY
+    assert not policy.models_can_pay()
+    assert max(gaps) <= max(AutoPolicy.MAX_PROBE_EVERY, REPROBE_EVERY) + TRY_ROUNDS
 
 
 def test_a_probe_waits_for_text_the_target_is_sure_of():
@@ -937,22 +940,79 @@ def test_an_arm_that_lost_in_an_earlier_run_waits_for_sure_text_instead_of_going
     assert Arm.remembered("tree", 10**6).probe_every == AutoPolicy.MAX_PROBE_EVERY
 
 
+LOSING_ROUND = (4, 4 / (0.88 / 0.03))  # 0.88x plain, where a step takes 30 ms
+
+
 def test_where_tries_on_sure_text_reach_too_little_of_the_ceiling_the_draft_is_left_alone():
     """A Zen 4 here: the ceiling 1.24-1.39, chains 0.83-0.93x plain on code, and every code
     answer's probe cost 5-15 % of it. The same losing tries under a Zen 5's higher ceiling do
     not shut the gate: there chains made 1.14-1.37x, and tries are noisy."""
-    losing_round = (4, 4 / (0.88 / 0.03))  # 0.88x plain, where a step takes 30 ms
     for draft_s, probed_again in ((0.012, False), (0.008, True)):  # ceilings 1.33 and 1.62
         arms, share = [Arm("chain")], CeilingShare()
         first = AutoPolicy(costs(step_s=0.03, draft_s=draft_s), arms, share=share)
         assert first.models_can_pay()
-        decode(first, 300, arm_round=losing_round, sure=0.95)
+        decode(first, 100, arm_round=LOSING_ROUND, sure=0.95)
         first.finish()
         assert share.tries >= 1
         assert share.total / share.tries == pytest.approx(0.88 / first.model_ceiling(), rel=0.05)
         later = AutoPolicy(costs(step_s=0.03, draft_s=draft_s), arms, share=share)
-        chosen = decode(later, 300, arm_round=losing_round, sure=0.95)
+        chosen = decode(later, REPROBE_EVERY - 100, arm_round=LOSING_ROUND, sure=0.95)
         assert ("chain" in chosen) == probed_again, draft_s
+
+
+def shut_by_the_share(policy: AutoPolicy, share: float) -> None:
+    """Tries that reached `share` of the ceiling, enough of them to shut the gate by it."""
+    for _ in range(int(MAX_SHARE_TRIES)):
+        policy.share.record(share)
+    assert policy.model_ceiling() > MARGIN and not policy.models_can_pay()
+
+
+def test_where_the_share_alone_shut_the_gate_a_try_comes_every_reprobe_every_rounds():
+    """Only tries move the share: without them a gate shut once stayed shut on that device for
+    good (a Zen 5 here: a share of 0.61 after six short tries on code, where `chain` made 1.09x
+    plain and auto decoded plainly, 0.98x)."""
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
+    shut_by_the_share(policy, 0.5)
+    chosen = decode(policy, 2 * REPROBE_EVERY + 40, arm_round=LOSING_ROUND, sure=0.95)
+    tries = [i for i, c in enumerate(chosen) if c == "chain" and chosen[i - 1] != c]
+    assert tries[0] == REPROBE_EVERY - 1  # this round is the REPROBE_EVERY-th while shut
+    assert tries[1] - tries[0] == REPROBE_EVERY  # counted from where the last one began
+    assert policy.share.tries == MAX_SHARE_TRIES  # each try told the share what it reached
+
+
+def test_rounds_the_share_kept_the_gate_shut_count_across_answers():
+    """Answers of a few hundred tokens each (a chat, `run` after `run` with the share
+    remembered) must come to a try too."""
+    share = CeilingShare()
+    for answer in range(3):
+        policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")], share=share)
+        if answer == 0:
+            shut_by_the_share(policy, 0.5)
+        chosen = decode(policy, 200, arm_round=LOSING_ROUND, sure=0.95)
+        assert ("chain" in chosen) == (answer == 2), answer
+
+
+def test_where_the_share_shut_the_gate_a_try_waits_for_sure_text():
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
+    shut_by_the_share(policy, 0.5)
+    assert "chain" not in decode(policy, 2 * REPROBE_EVERY, arm_round=LOSING_ROUND, sure=0.7)
+    assert "chain" in decode(policy, 2 * SURE_STEPS, arm_round=LOSING_ROUND, sure=0.99)
+
+
+def test_a_try_that_wins_while_the_share_keeps_the_gate_shut_puts_its_arm_in_use():
+    """What the arm made is measured; the share is an estimate from other tries."""
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
+    shut_by_the_share(policy, 0.4)
+    decode(policy, REPROBE_EVERY - 1, arm_round=LOSING_ROUND, sure=0.95)
+    try_arm(policy, "chain", tokens=3, seconds=0.06)  # 50 tok/s against plain's 33
+    assert not policy.models_can_pay()  # one try does not reopen it
+    assert decode(policy, 5, arm_round=(3, 0.06)) == ["chain"] * 5
+
+
+def test_where_the_ceiling_itself_cannot_pay_no_try_comes_however_long_it_waits():
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.03), [Arm("chain")])  # a draft step = a step
+    assert policy.model_ceiling() <= MARGIN
+    assert "chain" not in decode(policy, 3 * REPROBE_EVERY, arm_round=(3, 0.06), sure=0.99)
 
 
 def test_before_any_try_the_share_makes_the_gate_the_ceiling_margin():

@@ -286,10 +286,11 @@ def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_pat
 def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_file, tmp_path):
     draft = tmp_path / "some-draft.gguf"
     draft.write_bytes(b"GGUF" + bytes(50))
-    learnt = AutoMemory({"chain": 16}, draft_cost=0.3, share_total=1.3, share_tries=2.0)
+    learnt = AutoMemory({"chain": 16}, 0.3, share_total=1.3, share_tries=2.0, rounds_shut=300)
     save_auto_memory(model_file, draft, 2, "0-1", learnt)
     assert load_auto_memory(model_file, draft, 2, "0-1") == learnt
     assert not learnt.same_as(AutoMemory({"chain": 16}, 0.3, share_total=1.9, share_tries=3.0))
+    assert not learnt.same_as(replace(learnt, rounds_shut=301))  # a re-probe counts on them
     older = next(profiles_dir().glob("arms-*.json"))  # an older edgespec's file: no share
     older.write_text(json.dumps({"probe_every": {"chain": 16}, "draft_cost": 0.3}))
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 16}, 0.3)
