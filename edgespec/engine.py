@@ -1538,11 +1538,10 @@ class Engine:
             return [token]
         seconds = time.perf_counter() - t0
         if choice in ("chain", "tree"):
-            # Catching up on what other rounds decided is the probe's price (see choose), not
-            # the arm's: on a 100-token prompt it alone made a first chain round lose here.
-            if run.last_choice != choice:
-                seconds -= run.catch_up_s
-            policy.record_arm(choice, len(decided), seconds)
+            # What catching up on other rounds' tokens cost: a try's price, or an arm's own
+            # (policy.record_arm).
+            catch_up_s = run.catch_up_s if run.last_choice != choice else 0.0
+            policy.record_arm(choice, len(decided), seconds, catch_up_s)
         run.last_choice = choice
         return decided
 

@@ -1099,3 +1099,25 @@ def test_where_models_cannot_pay_an_ngram_proposal_is_weighed_against_plain_step
     policy.costs.draft_s.update(0.1)
     assert not policy.models_can_pay()
     assert policy.choose(ngram_rate=1.2 * policy.plain_rate()) == "ngram"
+
+
+def test_a_try_is_judged_without_catching_the_draft_up_but_an_arm_in_use_pays_for_it():
+    """The first round of a try catches the draft up on the whole prompt: that is the probe's
+    price, and with it a first chain round lost here on a 100-token prompt. An arm in use
+    catches up on what the n-gram rounds between its rounds decided: that is what using it
+    costs, and left out, chains in use beside the n-gram drafter on the edits looked faster
+    than they were (auto 1.76x plain where `ngram` made 1.93x; 1.93x with it)."""
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain")])
+    assert policy.choose(None) == "chain"
+    policy.record_arm("chain", 3, 0.05 + 0.5, catch_up_s=0.5)  # a whole prompt caught up
+    for _ in range(TRY_ROUNDS - 1):
+        assert policy.choose(None) == "chain"
+        policy.record_arm("chain", 3, 0.05)
+    arm = policy.arms[0]
+    assert arm.in_use and arm.rate == pytest.approx(60.0)  # 3 tokens in 50 ms
+    ngram_rate = 50.0  # n-gram proposals that beat plain decoding, not the chain
+    assert policy.choose(ngram_rate) == "chain"
+    for _ in range(20):  # each chain round after an n-gram round's 16 tokens: 0.03 s behind
+        policy.record_arm("chain", 3, 0.05 + 0.03, catch_up_s=0.03)
+    assert arm.rate < 40.0
+    assert policy.choose(ngram_rate) == "ngram"
