@@ -55,9 +55,9 @@ MAX_SHARE_TRIES = 8.0
 # (2026-11-29). A try costs its catch-up (at most ANSWER_SHARE of the answer's time left) and,
 # lost, 4-16 rounds at 0.6-0.9x plain: a few plain steps in this many. From a memory whose share
 # (0.61) shut the gate, code and chat, 3 repeats, two runs (trying the tree's arm, then the
-# chain's): auto 1.00 and 1.01x plain on code
-# (tries came; `chain` 1.14x), 1.01 and 0.98x on chat (no try: no sure text), where before it
-# decoded code plainly for good; the share moved from 0.61 to 0.63 in each.
+# chain's): auto 1.00 and 1.01x plain on code (tries came; `chain` 1.14x), 1.01 and 0.98x on
+# chat (no try: no sure text), where before it decoded code plainly for good; the share moved
+# from 0.61 to 0.63 in each.
 REPROBE_EVERY = 512
 FIRST_PROBE_EVERY = 8  # rounds between tries of a model arm that has not lost yet
 # An arm in use is judged on about its last 1/ARM_WEIGHT rounds: one chain round yields 1 to 16

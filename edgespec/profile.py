@@ -491,7 +491,7 @@ def load_auto_memory(
             share_tries,
             max(int(data.get("rounds_shut", 0)), 0),
         )
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return AutoMemory({})
 
 

@@ -711,20 +711,22 @@ def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_promp
     prompt = list(range(1000, 1600))  # distinct tokens: no n-gram proposal to take instead
     engine = edgespec.load(smol_path, smol_q2_k, n_ctx=2048)
     flat_device(engine, draft_cost=1e-4)  # a draft this cheap is tried at once
-    rounds: list[tuple[str, float]] = []
+    rounds: list[tuple[str, bool, float]] = []  # each arm round: whose, in a try, judged on
     record_arm = AutoPolicy.record_arm
 
-    def recording(policy: AutoPolicy, name: str, tokens: int, seconds: float) -> None:
-        rounds.append((name, seconds))
-        record_arm(policy, name, tokens, seconds)
+    def recording(policy: AutoPolicy, name: str, tokens: int, seconds: float, catch_up_s=0.0):
+        arm = next(a for a in policy.arms if a.name == name)
+        before = arm.try_seconds
+        record_arm(policy, name, tokens, seconds, catch_up_s)
+        rounds.append((name, arm.trying, arm.try_seconds - before))
 
     monkeypatch.setattr(AutoPolicy, "record_arm", recording)
     draft_before = engine.draft_ctx.decode_s
     stats = engine.generate(prompt, max_tokens=6, mode="auto").stats
-    assert rounds and rounds[0][0] == "chain" and stats.n_generated == 6
+    assert rounds and rounds[0][:2] == ("chain", True) and stats.n_generated == 6
     catching_up = engine.draft_ctx.decode_s - draft_before
-    # The draft's time went mostly into the prompt; the first round was charged far less.
-    assert rounds[0][1] < 0.5 * catching_up
+    # The draft's time went mostly into the prompt; the try's first round was charged far less.
+    assert 0 < rounds[0][2] < 0.5 * catching_up
 
 
 def test_auto_times_plain_decoding_from_its_second_step_and_keeps_it_for_the_next_answer(

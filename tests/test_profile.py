@@ -291,6 +291,9 @@ def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_f
     assert load_auto_memory(model_file, draft, 2, "0-1") == learnt
     assert not learnt.same_as(AutoMemory({"chain": 16}, 0.3, share_total=1.9, share_tries=3.0))
     assert not learnt.same_as(replace(learnt, rounds_shut=301))  # a re-probe counts on them
+    saved = next(profiles_dir().glob("arms-*.json"))
+    saved.write_text(saved.read_text().replace('"rounds_shut": 300', '"rounds_shut": Infinity'))
+    assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({})  # damaged: unknown
     older = next(profiles_dir().glob("arms-*.json"))  # an older edgespec's file: no share
     older.write_text(json.dumps({"probe_every": {"chain": 16}, "draft_cost": 0.3}))
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 16}, 0.3)
