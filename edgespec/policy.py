@@ -587,8 +587,7 @@ class AutoPolicy:
 
     def models_can_pay(self) -> bool:
         """Whether the ceiling, at the share of it drafts reach here, beats plain decoding."""
-        ceiling = self.model_ceiling()
-        return ceiling is None or ceiling * self.share.value > MARGIN
+        return self._gates()[1]
 
     def _gates(self) -> tuple[bool, bool]:
         """Whether model drafts could pay here at their best (the ceiling alone beats plain

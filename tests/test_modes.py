@@ -825,6 +825,30 @@ def test_what_share_of_its_ceiling_the_draft_reached_is_kept_across_answers_and_
     assert edgespec.load(smol_path, smol_q2_k, n_ctx=1024).ceiling_share == engine.ceiling_share
 
 
+def test_a_gate_the_share_keeps_shut_lets_a_try_of_the_draft_through_now_and_then(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """With real models: drafts could pay here at their best, but the tries so far reached so
+    little of that that the gate is shut; once REPROBE_EVERY rounds have been decided so, a try
+    comes on text the target is sure of, and the count starts again."""
+    import edgespec
+    from edgespec.policy import REPROBE_EVERY, CeilingShare
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    flat_device(engine, draft_cost=0.2)
+    engine.relative_cost = lambda k: 1 + 0.4 * (k - 1)  # a CPU's curve: a ceiling of ~1.5
+    prompt = "Count from 1 to 100, separated by commas: 1, 2, 3, 4, 5, 6, 7, 8,"
+    engine.ceiling_share = CeilingShare(0.0, 8.0, rounds_shut=0)  # tries that reached nothing
+    shut = engine.generate(prompt, max_tokens=48, mode="auto").stats
+    assert "chain" not in shut.choices and engine.ceiling_share.rounds_shut > 30
+    engine.ceiling_share.rounds_shut = REPROBE_EVERY
+    # long enough an answer that catching the draft up on the prompt fits it (ANSWER_SHARE)
+    reprobed = engine.generate(prompt, max_tokens=300, mode="auto").stats
+    assert reprobed.choices.get("chain", 0) >= 1
+    assert engine.ceiling_share.rounds_shut < sum(reprobed.choices.values())
+
+
 def test_a_tree_round_prices_the_draft_step_without_catching_it_up_on_the_prompt(
     smol_path, smol_q2_k, monkeypatch, tmp_path
 ):
