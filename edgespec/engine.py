@@ -437,7 +437,7 @@ class Engine:
             for name in (("chain", "tree") if draft else ())
         ]
         memory = self._memory
-        share = (memory.share_total, memory.share_tries, memory.rounds_shut)
+        share = (memory.share_tokens, memory.share_reach, memory.share_tries, memory.rounds_shut)
         self.ceiling_share = CeilingShare(*share)
         # How far auto mode's passes of the target here were from its curve, kept up to date.
         self._passes_key = (target.path, threads, format_cpu_list(self.placement.target_cpus))
@@ -969,7 +969,9 @@ class Engine:
         draft_cost = costs.draft_cost(known=self._memory.draft_cost)  # as timed, if it was
         tried = {arm.name: arm.probe_every for arm in self.model_arms if arm.tried}
         share = self.ceiling_share
-        memory = AutoMemory(tried, draft_cost, share.total, share.tries, share.rounds_shut)
+        memory = AutoMemory(
+            tried, draft_cost, share.tokens, share.reach, share.tries, share.rounds_shut
+        )
         # A chat remembers after every answer: the file is written only when it would change.
         if (tried or draft_cost is not None) and not memory.same_as(self._memory):
             save_auto_memory(*self._arms_key, memory)

@@ -457,23 +457,40 @@ class ModelOrNgram:
 @dataclass
 class CeilingShare:
     """How much of its ceiling (model_draft_ceiling) a model draft really reaches on this device:
-    each try on sure text's rate over plain decoding's, over the ceiling then; their mean, drawn
-    towards MARGIN / CEILING_MARGIN as if that had been seen in SHARE_PRIOR_TRIES tries."""
+    the tokens tries on sure text made, over those their time would have made at the ceiling
+    (plain decoding's rate then, times the ceiling then), all tries' together; drawn towards
+    MARGIN / CEILING_MARGIN as if that had been seen in SHARE_PRIOR_TRIES tries.
 
-    total: float = 0.0  # the tries' shares, summed (scaled down past MAX_SHARE_TRIES)
+    Together, not each try's share averaged: a try stops after TRY_ROUNDS rounds where they
+    lost and goes on while undecided, so a try that began badly was judged at its worst, and
+    the mean of tries' shares came out low where chains gain in bursts. Sums over tries are
+    not biased by when they stop (Wald's identity). Tries begun at every round of traced `chain`
+    answers (scripts/try_replay.py, a Zen 5, 2026-11-29): on code, where the answers' rounds made
+    1.13x plain, the tries' mean made 1.10 and their sums 1.12 (12 answers, 456 tries); on chat
+    and summaries, 0.84x: 0.82 and 0.86 (12 answers, 1,115 tries)."""
+
+    tokens: float = 0.0  # the tries' tokens (scaled down with `reach` past MAX_SHARE_TRIES)
+    reach: float = 0.0  # the tokens their time would have made at the ceiling
     tries: float = 0.0
     rounds_shut: int = 0  # rounds decided while it kept the gate shut, since a try last began
 
     @property
     def value(self) -> float:
-        prior = SHARE_PRIOR_TRIES * MARGIN / CEILING_MARGIN
-        return (prior + self.total) / (SHARE_PRIOR_TRIES + self.tries)
+        prior = MARGIN / CEILING_MARGIN
+        if self.reach <= 0:
+            return prior
+        reached = self.tokens / self.reach
+        return (SHARE_PRIOR_TRIES * prior + self.tries * reached) / (SHARE_PRIOR_TRIES + self.tries)
 
-    def record(self, share: float) -> None:
-        self.total += share
+    def record(self, tokens: float, reach: float) -> None:
+        """A try made `tokens` where at the ceiling it would have made `reach`."""
+        self.tokens += tokens
+        self.reach += reach
         self.tries += 1
         if self.tries > MAX_SHARE_TRIES:
-            self.total *= MAX_SHARE_TRIES / self.tries
+            scale = MAX_SHARE_TRIES / self.tries
+            self.tokens *= scale
+            self.reach *= scale
             self.tries = MAX_SHARE_TRIES
 
 
@@ -712,7 +729,7 @@ class AutoPolicy:
         won = arm.try_rate > self.plain_rate() * MARGIN
         ceiling = self.model_ceiling()
         if arm.try_on_sure_text and ceiling:  # elsewhere chains are not meant to pay
-            self.share.record(arm.try_rate / self.plain_rate() / ceiling)
+            self.share.record(arm.try_tokens, arm.try_seconds * self.plain_rate() * ceiling)
         # The verdict replaces what the arm measured before: that was another text, or load.
         arm.trying = False
         arm.tokens.value = arm.try_tokens / arm.try_rounds

@@ -9,6 +9,7 @@ under `home()/profiles/`, and found again by model file, thread count and CPU se
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import statistics
@@ -451,21 +452,35 @@ class AutoMemory:
 
     probe_every: dict[str, int]
     draft_cost: float | None = None
-    share_total: float = 0.0
+    share_tokens: float = 0.0  # CeilingShare's tokens, reach and tries
+    share_reach: float = 0.0
     share_tries: float = 0.0
     rounds_shut: int = 0
 
     # A draft cost within this fraction of the stored one is the same cost (it is an average of
     # noisy timings): the file is rewritten only when something worth remembering changed.
     COST_TOLERANCE = 0.05
+    # An earlier edgespec kept the mean of tries' shares ("share_total" over "share_tries"):
+    # each of those tries counts as reaching this many tokens at the ceiling, about what a try
+    # on code reached here (20-25 tokens of plain decoding's time, a ceiling of ~1.5).
+    OLD_TRY_REACH = 32.0
+
+    @property
+    def share(self) -> float | None:
+        """The share of the ceiling the tries reached, together; None before any."""
+        return self.share_tokens / self.share_reach if self.share_reach > 0 else None
 
     def same_as(self, other: AutoMemory) -> bool:
         if self.probe_every != other.probe_every or self.share_tries != other.share_tries:
             return False
         if self.rounds_shut != other.rounds_shut:
             return False
-        # with as many tries, the mean share within COST_TOLERANCE: the same
-        if abs(self.share_total - other.share_total) > self.COST_TOLERANCE * other.share_tries:
+        # with as many tries, the share within COST_TOLERANCE of it: the same
+        mine, theirs = self.share, other.share
+        if mine is None or theirs is None:
+            if mine is not theirs:
+                return False
+        elif abs(mine - theirs) > self.COST_TOLERANCE:
             return False
         if self.draft_cost is None or other.draft_cost is None:
             return self.draft_cost is other.draft_cost
@@ -480,15 +495,21 @@ def load_auto_memory(
     try:
         data = json.loads(path.read_text("utf-8")) if path else {}
         cost = data.get("draft_cost")
-        share_total = float(data.get("share_total", 0))
-        share_tries = float(data.get("share_tries", 0))
-        if not (share_total >= 0 and share_tries >= 0):  # also NaN: as if never measured
-            share_total = share_tries = 0.0
+        tries = float(data.get("share_tries", 0))
+        if "share_reach" in data:
+            tokens, reach = float(data["share_tokens"]), float(data["share_reach"])
+        else:  # an earlier edgespec's mean of shares, if any
+            tokens = float(data.get("share_total", 0)) * AutoMemory.OLD_TRY_REACH
+            reach = tries * AutoMemory.OLD_TRY_REACH
+        measured = all(0 <= x < math.inf for x in (tokens, reach, tries))  # not NaN either
+        if not (measured and (reach > 0) == (tries > 0)):  # as if never measured
+            tokens = reach = tries = 0.0
         return AutoMemory(
             {str(name): int(every) for name, every in data["probe_every"].items()},
             float(cost) if cost is not None and float(cost) > 0 else None,
-            share_total,
-            share_tries,
+            tokens,
+            reach,
+            tries,
             max(int(data.get("rounds_shut", 0)), 0),
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError):

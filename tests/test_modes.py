@@ -812,14 +812,16 @@ def test_what_share_of_its_ceiling_the_draft_reached_is_kept_across_answers_and_
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     key = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)._arms_key
-    learnt = AutoMemory({"chain": 16}, 0.3, share_total=1.2, share_tries=2.0, rounds_shut=300)
+    learnt = AutoMemory({"chain": 16}, 0.3, 24.0, 40.0, share_tries=2.0, rounds_shut=300)
     save_auto_memory(*key, learnt)
     engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
-    assert engine.ceiling_share == CeilingShare(1.2, 2.0, rounds_shut=300)
-    engine.ceiling_share.record(0.4)  # as a try on sure text would
+    assert engine.ceiling_share == CeilingShare(24.0, 40.0, 2.0, rounds_shut=300)
+    engine.ceiling_share.record(4.0, 10.0)  # as a try on sure text would
     engine.generate(PROMPTS[0], max_tokens=8, mode="auto")
     memory = load_auto_memory(*key)
-    assert (memory.share_total, memory.share_tries) == pytest.approx((1.6, 3.0))
+    assert (memory.share_tokens, memory.share_reach, memory.share_tries) == pytest.approx(
+        (28.0, 50.0, 3.0)
+    )
     # the rounds the share kept drafts out, counted on from 300 here, count on in the next run
     assert memory.rounds_shut == engine.ceiling_share.rounds_shut
     assert edgespec.load(smol_path, smol_q2_k, n_ctx=1024).ceiling_share == engine.ceiling_share
@@ -839,7 +841,7 @@ def test_a_gate_the_share_keeps_shut_lets_a_try_of_the_draft_through_now_and_the
     flat_device(engine, draft_cost=0.2)
     engine.relative_cost = lambda k: 1 + 0.4 * (k - 1)  # a CPU's curve: a ceiling of ~1.5
     prompt = "Count from 1 to 100, separated by commas: 1, 2, 3, 4, 5, 6, 7, 8,"
-    engine.ceiling_share = CeilingShare(0.0, 8.0, rounds_shut=0)  # tries that reached nothing
+    engine.ceiling_share = CeilingShare(0.0, 80.0, 8.0, rounds_shut=0)  # tries that reached nothing
     shut = engine.generate(prompt, max_tokens=48, mode="auto").stats
     assert "chain" not in shut.choices and engine.ceiling_share.rounds_shut > 30
     engine.ceiling_share.rounds_shut = REPROBE_EVERY

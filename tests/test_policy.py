@@ -21,6 +21,7 @@ from edgespec.policy import (
     MIN_DRAFT_ROUNDS,
     PLAIN_EVERY,
     REPROBE_EVERY,
+    SHARE_PRIOR_TRIES,
     START_FACTOR_BOUND,
     SURE_STEPS,
     SURE_TEXT,
@@ -954,7 +955,7 @@ def test_where_tries_on_sure_text_reach_too_little_of_the_ceiling_the_draft_is_l
         decode(first, 100, arm_round=LOSING_ROUND, sure=0.95)
         first.finish()
         assert share.tries >= 1
-        assert share.total / share.tries == pytest.approx(0.88 / first.model_ceiling(), rel=0.05)
+        assert share.tokens / share.reach == pytest.approx(0.88 / first.model_ceiling(), rel=0.05)
         later = AutoPolicy(costs(step_s=0.03, draft_s=draft_s), arms, share=share)
         chosen = decode(later, REPROBE_EVERY - 100, arm_round=LOSING_ROUND, sure=0.95)
         assert ("chain" in chosen) == probed_again, draft_s
@@ -963,7 +964,7 @@ def test_where_tries_on_sure_text_reach_too_little_of_the_ceiling_the_draft_is_l
 def shut_by_the_share(policy: AutoPolicy, share: float) -> None:
     """Tries that reached `share` of the ceiling, enough of them to shut the gate by it."""
     for _ in range(int(MAX_SHARE_TRIES)):
-        policy.share.record(share)
+        policy.share.record(20 * share, 20.0)
     assert policy.model_ceiling() > MARGIN and not policy.models_can_pay()
 
 
@@ -1031,11 +1032,24 @@ def test_a_try_begun_before_the_text_showed_itself_teaches_nothing_of_the_ceilin
 def test_the_share_follows_the_recent_tries():
     share = CeilingShare()
     for _ in range(20):
-        share.record(0.5)  # a busy hour, say
+        share.record(10.0, 20.0)  # a busy hour, say
     for _ in range(int(MAX_SHARE_TRIES)):
-        share.record(0.9)
+        share.record(18.0, 20.0)
     assert share.tries == MAX_SHARE_TRIES
-    assert 0.7 < share.value < 0.9  # where the mean of all 28 is 0.61; never past the tries'
+    assert 0.7 < share.value < 0.9  # where all 28 together made 0.61; never past the tries'
+
+
+def test_the_share_is_what_the_tries_made_together_not_the_mean_of_their_shares():
+    """A try stops after a few rounds where they lost and goes on while undecided: on code
+    here the mean of tries' shares came out 4.7 % under what chains made, their sums 1.3 %."""
+    share = CeilingShare()
+    share.record(2.0, 10.0)  # four rounds that lost: stopped there
+    share.record(36.0, 40.0)  # an undecided start that went on, and paid
+    assert share.tokens / share.reach == pytest.approx(0.76)  # the mean of 0.2 and 0.9: 0.55
+    prior = MARGIN / CEILING_MARGIN
+    assert share.value == pytest.approx(
+        (SHARE_PRIOR_TRIES * prior + 2 * 0.76) / (SHARE_PRIOR_TRIES + 2)
+    )
 
 
 def test_costs_are_measured_once_a_step_and_a_draft_step_are_both_known():

@@ -286,10 +286,13 @@ def test_auto_memory_is_kept_per_pair_threads_and_cpus(home, model_file, tmp_pat
 def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_file, tmp_path):
     draft = tmp_path / "some-draft.gguf"
     draft.write_bytes(b"GGUF" + bytes(50))
-    learnt = AutoMemory({"chain": 16}, 0.3, share_total=1.3, share_tries=2.0, rounds_shut=300)
+    learnt = AutoMemory({"chain": 16}, 0.3, 26.0, 40.0, share_tries=2.0, rounds_shut=300)
     save_auto_memory(model_file, draft, 2, "0-1", learnt)
     assert load_auto_memory(model_file, draft, 2, "0-1") == learnt
-    assert not learnt.same_as(AutoMemory({"chain": 16}, 0.3, share_total=1.9, share_tries=3.0))
+    assert learnt.share == pytest.approx(0.65)
+    assert not learnt.same_as(AutoMemory({"chain": 16}, 0.3, 38.0, 60.0, share_tries=3.0))
+    assert not learnt.same_as(replace(learnt, share_tokens=30.0))  # 0.75 of the ceiling now
+    assert learnt.same_as(replace(learnt, share_tokens=26.4))  # 0.66: the same, as measured
     assert not learnt.same_as(replace(learnt, rounds_shut=301))  # a re-probe counts on them
     saved = next(profiles_dir().glob("arms-*.json"))
     saved.write_text(saved.read_text().replace('"rounds_shut": 300', '"rounds_shut": Infinity'))
@@ -297,6 +300,29 @@ def test_auto_memory_keeps_what_share_of_the_ceiling_tries_reached(home, model_f
     older = next(profiles_dir().glob("arms-*.json"))  # an older edgespec's file: no share
     older.write_text(json.dumps({"probe_every": {"chain": 16}, "draft_cost": 0.3}))
     assert load_auto_memory(model_file, draft, 2, "0-1") == AutoMemory({"chain": 16}, 0.3)
+
+
+def test_auto_memory_of_an_earlier_edgespec_keeps_the_mean_share_its_tries_reached(
+    home, model_file, tmp_path
+):
+    """It kept the tries' shares summed ("share_total"), not their tokens and reach."""
+    draft = tmp_path / "some-draft.gguf"
+    draft.write_bytes(b"GGUF" + bytes(50))
+    save_auto_memory(model_file, draft, 2, "0-1", AutoMemory({"chain": 16}))
+    saved = next(profiles_dir().glob("arms-*.json"))
+    saved.write_text(
+        json.dumps({"probe_every": {"chain": 16}, "share_total": 3.0, "share_tries": 5.0})
+    )
+    memory = load_auto_memory(model_file, draft, 2, "0-1")
+    assert memory.share == pytest.approx(0.6) and memory.share_tries == 5.0
+    for damaged in (
+        {"share_total": -1.0, "share_tries": 5.0},
+        {"share_tokens": 3.0, "share_reach": 0.0, "share_tries": 2.0},
+        {"share_tokens": 3.0, "share_reach": float("nan"), "share_tries": 2.0},
+    ):
+        saved.write_text(json.dumps({"probe_every": {"chain": 16}, **damaged}))
+        memory = load_auto_memory(model_file, draft, 2, "0-1")
+        assert (memory.share, memory.share_tries) == (None, 0.0), damaged  # as never measured
 
 
 def test_the_measured_pass_factor_is_kept_per_target_threads_and_cpus(home, model_file, tmp_path):
