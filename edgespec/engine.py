@@ -1170,6 +1170,17 @@ class Engine:
     def _tokens_left(run: _Run) -> int:
         return run.cfg.max_tokens - len(run.generated)
 
+    @classmethod
+    def _steps_left(cls, run: _Run) -> float:
+        """The plain steps' time the answer may still take: its tokens left at the rate it has
+        made them so far (an edit's n-gram rounds copy at twice plain decoding's), at most a
+        step a token."""
+        left, made, spent = cls._tokens_left(run), len(run.generated), run.stats.decode_s
+        step_s = run.costs.step_s.value
+        if not made or spent <= 0 or step_s is None:
+            return left
+        return left * min(spent / made / step_s, 1.0)
+
     def _round_tree_mode(self, run: _Run, room: int) -> list[int]:
         """--mode tree: the draft's tree, with the n-gram drafter's proposal as one more branch
         (greedy); or that proposal alone, where it promises more (`_model_or_ngram`)."""
@@ -1521,7 +1532,7 @@ class Engine:
             run.warmed_up = True
             return decided
         proposal, length, ngram_rate = self._priced_proposal(run, room)
-        choice = policy.choose(ngram_rate, self._catch_up_s(run), self._tokens_left(run))
+        choice = policy.choose(ngram_rate, self._catch_up_s(run), self._steps_left(run))
         run.stats.record_choice(choice)
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
         if choice == "ngram":

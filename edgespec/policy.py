@@ -85,7 +85,10 @@ TRY_MAX_ROUNDS = 16
 TRY_GIVE_UP = 0.85
 # A try first catches the draft up on every token decided without it: 2-4 s on a long chat or
 # edit here. It waits until that is at most this share of the time the answer has left: a try
-# that finds the draft worth using can only pay back within the answer it is made in.
+# that finds the draft worth using can only pay back within the answer it is made in. That time
+# is its tokens left at the rate the answer has made so far: priced as plain steps, on the
+# edits, whose n-gram rounds made 2x plain here, tries came where an answer had 2.5 s left and
+# their catch-ups took 50-120 ms of it (2026-11-29).
 ANSWER_SHARE = 0.05
 # Probes wait for text the target is sure of (the mean probability of the tokens of its plain
 # steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
@@ -622,17 +625,20 @@ class AutoPolicy:
         self.sure_steps += 1
 
     def choose(
-        self, ngram_rate: float | None, catch_up_s: float = 0.0, rounds_left: int | None = None
+        self, ngram_rate: float | None, catch_up_s: float = 0.0, rounds_left: float | None = None
     ) -> str:
         """ "plain", "ngram" or a model arm's name. Call once per round, after a plain step has
         been measured; `ngram_rate` is the best n-gram proposal's expected rate, if any,
         `catch_up_s` what bringing the draft up to date would cost before it drafts, and
-        `rounds_left` how many plain steps the answer may still take (None: no end in sight)."""
+        `rounds_left` how many plain steps' time the answer may still take (None: no end in
+        sight)."""
         choice = self._choose(ngram_rate, catch_up_s, rounds_left)
         self.since_plain = 0 if choice == "plain" else self.since_plain + 1
         return choice
 
-    def _choose(self, ngram_rate: float | None, catch_up_s: float, rounds_left: int | None) -> str:
+    def _choose(
+        self, ngram_rate: float | None, catch_up_s: float, rounds_left: float | None
+    ) -> str:
         plain = self.plain_rate()
         for arm in self.arms:
             arm.since_try += 1
@@ -692,20 +698,24 @@ class AutoPolicy:
 
     def record_arm(self, name: str, tokens: int, seconds: float, catch_up_s: float = 0.0) -> None:
         """A round of arm `name` made `tokens` in `seconds`, `catch_up_s` of them catching the
-        draft up on tokens other rounds decided. A try is judged without them: the probes'
-        schedule pays for that (on a 100-token prompt it alone made a first chain round lose
-        here). An arm in use pays them: they are what using it beside the n-gram drafter costs.
-        Left out, on edits here, where the two alternate, chains in use looked faster than they
-        were, and n-gram proposals that did not beat that lost to them: from the same memory,
-        edits, 3 repeats, auto made 1.76x plain without them and 1.93x with them, `ngram` 1.93x
-        in both runs (2026-11-29; 1.73x against 1.93x in the full run before)."""
+        draft up on tokens other rounds decided. A try's first round is judged without them:
+        the probes' schedule pays for that (on a 100-token prompt it alone made a first chain
+        round lose here). Every later round pays them: they are what using the arm beside the
+        n-gram drafter costs. Left out, on edits here, where the two alternate, chains in use
+        looked faster than they were, and n-gram proposals that did not beat that lost to them:
+        from the same memory, edits, 3 repeats, auto made 1.76x plain without them and 1.93x
+        with them, `ngram` 1.93x in both runs (2026-11-29; 1.73x against 1.93x in the full run
+        before). So did tries: one on an edit made 11 tokens in four rounds, 36 tok/s against
+        plain decoding's 33 without the 51 ms its second round caught up, and won; in use, its
+        next rounds made 20 tok/s."""
         arm = next(a for a in self.arms if a.name == name)
         arm.since_try, arm.tried = 0, True
         if not arm.trying:  # in use: choose() takes it out if it falls behind
             arm.tokens.update(tokens)
             arm.seconds.update(seconds)
             return
-        seconds -= catch_up_s
+        if not arm.try_rounds:
+            seconds -= catch_up_s
         arm.try_rounds += 1  # a try is judged on the sum of its rounds
         arm.try_tokens += tokens
         arm.try_seconds += seconds

@@ -668,6 +668,21 @@ def test_auto_drafting_with_the_model_after_plain_rounds_still_equals_plain(
         assert spec.stats.draft_evals > 0 and spec.stats.choices.get("chain", 0) > 0
 
 
+def test_the_time_an_answer_has_left_is_its_tokens_left_at_the_rate_it_made_them_so_far():
+    """A probe's catch-up is weighed against it (ANSWER_SHARE): priced as a plain step a token,
+    an edit whose n-gram rounds copied at twice plain decoding's rate looked twice as long."""
+    from edgespec.engine import Engine, GenerationConfig, _Run
+    from edgespec.stats import Stats
+
+    run = _Run(tokens=[1], n_prompt=1, cfg=GenerationConfig(max_tokens=200), stats=Stats())
+    assert Engine._steps_left(run) == 200  # nothing measured yet: a plain step a token
+    run.costs.step_s.update(0.03)
+    run.generated, run.stats.decode_s = [7] * 100, 1.5  # 100 tokens at twice plain's rate
+    assert Engine._steps_left(run) == pytest.approx(50.0)
+    run.stats.decode_s = 6.0  # slower than plain decoding: still at most a step a token
+    assert Engine._steps_left(run) == 100
+
+
 def test_a_due_probe_is_skipped_where_catching_the_draft_up_would_cost_the_answer_too_much(
     smol_path, smol_q2_k, monkeypatch, tmp_path
 ):
