@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import mmap
 import os
 import shutil
 import signal
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -308,3 +311,16 @@ def with_tensor_stored_as(src: Path, dst: Path, name: str, dtype: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/`name`.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass needs its module registered
+    spec.loader.exec_module(module)
+    return module

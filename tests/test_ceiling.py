@@ -1,18 +1,11 @@
 """scripts/ceiling.py: the oracle that says how fast any policy could be with these drafters."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from .helpers import load_script
 from .test_generation import PROMPTS
 
-_spec = importlib.util.spec_from_file_location(
-    "ceiling", Path(__file__).parent.parent / "scripts" / "ceiling.py"
-)
-assert _spec is not None and _spec.loader is not None
-ceiling = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ceiling)
+ceiling = load_script("ceiling")
 
 
 def flat(_k: int) -> float:

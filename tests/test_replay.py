@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ngram_replay.py"
-spec = importlib.util.spec_from_file_location("ngram_replay", SCRIPT)
-assert spec is not None and spec.loader is not None
-ngram_replay = importlib.util.module_from_spec(spec)
-sys.modules["ngram_replay"] = ngram_replay  # a dataclass needs its module registered
-spec.loader.exec_module(ngram_replay)
+from .helpers import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "ngram_replay.py"
+ngram_replay = load_script("ngram_replay")
 
 
 def half_a_step_per_token(k: int) -> float:

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from edgespec.policy import MARGIN, TRY_MAX_ROUNDS, TRY_ROUNDS
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "try_replay.py"
-spec = importlib.util.spec_from_file_location("try_replay", SCRIPT)
-assert spec is not None and spec.loader is not None
-try_replay = importlib.util.module_from_spec(spec)
-sys.modules["try_replay"] = try_replay  # a dataclass needs its module registered
-spec.loader.exec_module(try_replay)
+from .helpers import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "try_replay.py"
+try_replay = load_script("try_replay")
 Round = try_replay.Round
 
 PLAIN = 10.0  # tokens a second
