@@ -24,7 +24,7 @@ MARGIN = 1.03  # a proposal must promise this much more than a plain step: noise
 NGRAM_MARGIN = 1.0
 # Model drafts are tried only where their ceiling (a best case: every chain at the length that
 # suits the device, every token as sure as the surest) beats plain decoding by this much: where
-# it does not, a try only costs (catching the draft up on the whole prompt, then losing rounds).
+# it does not, a try only costs (catching the draft up on the prompt, then losing rounds).
 CEILING_MARGIN = 1.25
 # The ceiling's tokens are as likely to be accepted as those the draft is this sure of (learnt in
 # the calibrator's bin). Priced with its 0.95-sure tokens, the ceiling was 0.97-1.06 on a Zen 5
@@ -83,12 +83,12 @@ TRY_ROUNDS = 4
 # 41-85 % of the time there, and 18 % where chains made 0.91x (replayed on traced rounds).
 TRY_MAX_ROUNDS = 16
 TRY_GIVE_UP = 0.85
-# A try first catches the draft up on every token decided without it: 2-4 s on a long chat or
-# edit here. It waits until that is at most this share of the time the answer has left: a try
-# that finds the draft worth using can only pay back within the answer it is made in. That time
-# is its tokens left at the rate the answer has made so far: priced as plain steps, on the
-# edits, whose n-gram rounds made 2x plain here, tries came where an answer had 2.5 s left and
-# their catch-ups took 50-120 ms of it (2026-11-29).
+# A try first catches the draft up on the tokens decided without it (the text's first and last
+# few dozen: engine.DRAFT_SINK, DRAFT_WINDOW), 50-120 ms on an edit here (2-4 s on a long chat
+# or edit before that window). It waits until that is at most this share of the time the answer
+# has left: a try that finds the draft worth using can only pay back within the answer it is
+# made in. That time is its tokens left at the rate the answer has made so far, not a plain step
+# a token: on the edits here answers ran at 1.7-2.2x plain decoding's rate (2026-11-29).
 ANSWER_SHARE = 0.05
 # Probes wait for text the target is sure of (the mean probability of the tokens of its plain
 # steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
@@ -502,8 +502,8 @@ class Arm:
     """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached.
 
     An engine keeps its arms from one generation to the next: what a try measured on this device
-    still holds for the next prompt, and a first try costs catching the draft up on the whole
-    prompt (1.5-2 s for a 400-token edit here), so an arm that lost is tried again only once
+    still holds for the next prompt, and a first try costs catching the draft up on the prompt
+    (50-120 ms on an edit here) and its rounds, so an arm that lost is tried again only once
     the text shows it may pay (AutoPolicy: sure text), and ever less often while it loses.
     """
 
