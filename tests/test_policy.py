@@ -1041,7 +1041,7 @@ def test_the_share_follows_the_recent_tries():
 
 def test_the_share_is_what_the_tries_made_together_not_the_mean_of_their_shares():
     """A try stops after a few rounds where they lost and goes on while undecided: on code
-    here the mean of tries' shares came out 4.7 % under what chains made, their sums 1.3 %."""
+    here (scripts/try_replay.py) chains made 1.13x plain, the tries' mean 1.10, their sums 1.12."""
     share = CeilingShare()
     share.record(2.0, 10.0)  # four rounds that lost: stopped there
     share.record(36.0, 40.0)  # an undecided start that went on, and paid
