@@ -1545,8 +1545,11 @@ class Engine:
             token, row = self._plain_step(run)
             costs.record_step(time.perf_counter() - t0)
             if policy.may_draft:  # how sure the target is says when to probe the draft
-                top = token if run.sampling.greedy else None  # greedy: the argmax, known
-                policy.record_plain_step(top_candidates(row, 1, self._target_mask, top)[0][1])
+                sureness = None
+                if policy.wants_sureness():
+                    top = token if run.sampling.greedy else None  # greedy: the argmax, known
+                    sureness = top_candidates(row, 1, self._target_mask, top)[0][1]
+                policy.record_plain_step(sureness)
             run.last_choice = choice
             return [token]
         seconds = time.perf_counter() - t0

@@ -101,6 +101,15 @@ SURE_TEXT = 0.9
 # steps) had chains tried, kept for 47 rounds and made 0.90x plain (the narrowed draft, whose
 # cheaper steps opened the gate, 2026-11-24).
 SURE_STEPS = 10
+# A plain step's sureness is measured only where a try may begin within this many rounds (at
+# the share's re-probe, or an arm's next probe): reading the target's whole row of logits for it
+# costs 70-110 us right after a decode here (152k logits, two passes), over a quarter of auto's
+# Python time in a plain round, and most plain rounds are far from any try (a gate shut by the
+# share re-probes once in REPROBE_EVERY). The sureness is an average over about the last ten
+# steps: begun thirty steps before a try, it decides as one kept over every step does (the same
+# tries on made-up texts where they lose; where they also win, a try a round or so apart, and
+# what auto makes within 1 %: test_policy).
+SURE_LEAD = 30
 # What a draft step costs is remembered for the next answers from a generation that timed at
 # least this many draft rounds (or from any, where nothing was known). One chain round timed at
 # 12 ms (0.48 of a target step, twice the usual), right after catching the draft up on a prompt,
@@ -348,10 +357,11 @@ def model_draft_ceiling(
     assert costs.step_s.value is not None and costs.draft_s.value is not None
     c_d = costs.draft_s.value / costs.step_s.value
     best, expected, alive = 0.0, 1.0, 1.0
+    steps = costs.steps  # auto asks every round: a pass's cost in steps, not seconds / seconds
     for k in range(1, max_len + 1):  # expected tokens of a chain of k, built up as k grows
         alive *= best_accept
         expected += alive
-        drafting, verifying = k * c_d, costs.verify_s(k + 1) / costs.step_s.value
+        drafting, verifying = k * c_d, steps(k + 1)
         seconds = drafting + verifying
         if pipelined:
             carried = alive * best_accept
@@ -578,8 +588,9 @@ class AutoPolicy:
         # What the last choice found: model drafts could pay here at their best (_gates), so
         # they may be used or tried.
         self.may_draft = False
+        self.can_pay = False  # ... and at the share of it tries reached
         self.target_sure = Ema(weight=0.1)  # the target's probability of its plain steps' tokens
-        self.sure_steps = 0  # plain steps of this answer measured so far
+        self.sure_steps = 0  # plain steps measured so far, one after another (wants_sureness)
         # Every arm is probed afresh on a new answer, once its text is sure. One in use when the
         # last answer ended: chains that made 1.3x plain on code made 0.95x on the chat answer
         # after it (two lines of the same run here), and the old rate took 20 rounds to fade.
@@ -619,8 +630,28 @@ class AutoPolicy:
             return True, True
         return ceiling > MARGIN, ceiling * self.share.value > MARGIN
 
-    def record_plain_step(self, confidence: float) -> None:
-        """A plain step: the target's probability of the token it chose."""
+    def wants_sureness(self) -> bool:
+        """Whether the next plain step's sureness (`record_plain_step`) may be read by a try
+        beginning within SURE_LEAD rounds: one not yet tried, one due soon, or the share's
+        re-probe."""
+        if not self.may_draft:
+            return False
+        if not self.can_pay:
+            return self.share.rounds_shut >= REPROBE_EVERY - SURE_LEAD
+        return any(
+            not a.tried or a.since_try >= a.probe_every - SURE_LEAD
+            for a in self.arms
+            if not (a.in_use or a.trying)
+        )
+
+    def record_plain_step(self, confidence: float | None) -> None:
+        """A plain step: the target's probability of the token it chose; None where it was not
+        measured (wants_sureness): the steps measured after it start the measure afresh, as an
+        answer's first ones do, not from steps long past."""
+        if confidence is None:
+            if self.sure_steps:
+                self.target_sure, self.sure_steps = Ema(weight=0.1), 0
+            return
         self.target_sure.update(confidence)
         self.sure_steps += 1
 
@@ -646,7 +677,7 @@ class AutoPolicy:
         # made, else only re-probes (REPROBE_EVERY); an arm a try put in use is used either way,
         # judged by what it makes.
         could_pay, can_pay = self._gates()
-        self.may_draft = could_pay
+        self.may_draft, self.can_pay = could_pay, can_pay
         if could_pay and not can_pay:
             self.share.rounds_shut += 1
         elif can_pay:
