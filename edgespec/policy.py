@@ -26,8 +26,9 @@ NGRAM_MARGIN = 1.0
 # suits the device, every token as sure as the surest) beats plain decoding by this much: where
 # it does not, a try only costs (catching the draft up on the prompt, then losing rounds).
 CEILING_MARGIN = 1.25
-# The ceiling's tokens are as likely to be accepted as those the draft is this sure of (learnt in
-# the calibrator's bin). Priced with its 0.95-sure tokens, the ceiling was 0.97-1.06 on a Zen 5
+# The ceiling's tokens are each accepted with this chance, as if the draft were this sure of all
+# of them (the calibrator's estimate for such tokens once gave it; see AutoPolicy.model_ceiling
+# for why no more). Priced with its 0.95-sure tokens, the ceiling was 0.97-1.06 on a Zen 5
 # here (2026-11-24) with the Q4_0 draft, 1.18-1.27 with the narrowed one, so auto hardly ever
 # drafted with the model, though `chain` made 1.14-1.37x plain on every code prompt. Priced with
 # its 0.99-sure tokens (right 99.5-100 % of the time on the bench's outputs) it opens there. That
@@ -204,6 +205,8 @@ class Costs:
     # Rounds whose draft steps were timed in this generation; before the first, draft_s is an
     # estimate from profiles or an earlier run, if anything.
     draft_rounds: int = 0
+    # That estimate in target steps, kept when timed steps replace it (AutoPolicy.model_ceiling).
+    draft_estimate: float | None = None
     # Each timed draft step over the plain step as timed then: the draft's cost in target steps.
     # The ratio of the two averages at the end is not: here chains timed in a slow minute (a
     # step 36 ms, a draft step 9.5) over steps timed after it (24 ms) made 0.39, not 0.26; the
@@ -215,6 +218,8 @@ class Costs:
     def estimate_draft_step(self, seconds: float) -> None:
         """What a draft step should cost, from profiles or an earlier run, until one is timed."""
         self.draft_s.update(seconds)
+        if self.step_s.value is not None:
+            self.draft_estimate = self.draft_s.value / self.step_s.value
 
     def record_draft_step(self, seconds: float) -> None:
         """A draft step timed while generating. The first replaces the estimate: averaged in at
@@ -345,7 +350,11 @@ def worth_growing(
 
 
 def model_draft_ceiling(
-    best_accept: float, costs: Costs, max_len: int = 32, pipelined: bool = False
+    best_accept: float,
+    costs: Costs,
+    max_len: int = 32,
+    pipelined: bool = False,
+    draft_cost: float | None = None,
 ) -> float:
     """The best speed-up over plain decoding a model chain could reach here if every draft token
     were as likely to be accepted as the draft's most confident ones: the device's curve and the
@@ -353,9 +362,10 @@ def model_draft_ceiling(
 
     `pipelined` (LLMCad's pipeline, each model on its own CPUs): the next chain is drafted while
     this one is verified, and is of use where the target takes the whole chain and the draft's
-    next token too; a round then lasts the longer of the two, else both one after the other."""
+    next token too; a round then lasts the longer of the two, else both one after the other.
+    `draft_cost`: a draft step in target steps, if not as `costs` time it now."""
     assert costs.step_s.value is not None and costs.draft_s.value is not None
-    c_d = costs.draft_s.value / costs.step_s.value
+    c_d = draft_cost if draft_cost is not None else costs.draft_s.value / costs.step_s.value
     best, expected, alive = 0.0, 1.0, 1.0
     steps = costs.steps  # auto asks every round: a pass's cost in steps, not seconds / seconds
     for k in range(1, max_len + 1):  # expected tokens of a chain of k, built up as k grows
@@ -608,12 +618,22 @@ class AutoPolicy:
         return 1.0 / self.costs.verify_s(1)
 
     def model_ceiling(self) -> float | None:
-        """`model_draft_ceiling` at the calibrated acceptance of tokens the draft is SUREST sure
-        of; None while the draft's cost is unknown."""
+        """`model_draft_ceiling` with every token accepted at SUREST, a draft step priced as
+        estimated before this generation timed one (else as timed); None while the draft's cost
+        is unknown.
+
+        The same at every round of every answer, whatever a generation learns: tries are judged
+        as a share of the ceiling at their end, and the gate applies that share to the ceiling at
+        the next answer's start. Priced with what the answer had learnt (0.996-0.997 for its
+        0.99-sure tokens, draft steps of 0.20-0.26 where the profiles said 0.29), tries on code
+        were judged against ceilings of 1.7-2.0 and the next answers began at 1.55-1.60: a
+        share of 0.65 that meant 1.1-1.3x plain at the tries opened a gate of 1.01-1.04 there
+        (its margin 1.03). Code answers began shut, and some decoded plainly to the end
+        (palindrome in a run of the bench's prompts, 2026-11-29, where `chain` makes 1.10x)."""
         if self.costs.draft_s.value is None:
             return None
         return model_draft_ceiling(
-            self.calibrator.predict(SUREST), self.costs, pipelined=self.pipelined
+            SUREST, self.costs, pipelined=self.pipelined, draft_cost=self.costs.draft_estimate
         )
 
     def models_can_pay(self) -> bool:
