@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from itertools import accumulate
 from operator import mul
 
@@ -1152,22 +1153,31 @@ def test_a_try_is_judged_without_catching_the_draft_up_but_an_arm_in_use_pays_fo
     assert policy.choose(ngram_rate) == "ngram"
 
 
-def decode_measuring_when_wanted(
-    policy: AutoPolicy, sureness: list[float], arm_round: tuple[int, float]
-) -> tuple[list[str], int]:
-    """`decode` as the engine runs it: a plain step's sureness is measured (its `sureness[i]`
-    given) only where the policy wants it; what each round chose, and how many were measured."""
-    chosen, measured = [], 0
+def decode_text(
+    policy: AutoPolicy,
+    sureness: list[float],
+    arm_round: Callable[[float], tuple[int, float]],
+    when_wanted: bool,
+) -> tuple[list[str], int, float]:
+    """Auto on a text whose plain steps the target is `sureness[i]` sure of, each model arm's
+    round making `arm_round(sureness[i])` (tokens, seconds), a plain step 30 ms; a step's
+    sureness measured at every plain step, or as the engine does, only where the policy wants
+    it. What each round chose, how many steps were measured, and the tokens per second made."""
+    chosen, measured, tokens, seconds = [], 0, 0, 0.0
     for sure in sureness:
         chosen.append(policy.choose(None))
         if chosen[-1] != "plain":
-            policy.record_arm(chosen[-1], *arm_round)
-        elif policy.wants_sureness():
+            made = arm_round(sure)
+            policy.record_arm(chosen[-1], *made)
+            tokens, seconds = tokens + made[0], seconds + made[1]
+            continue
+        tokens, seconds = tokens + 1, seconds + 0.03
+        if not when_wanted or policy.wants_sureness():
             policy.record_plain_step(sure)
             measured += 1
         else:
             policy.record_plain_step(None)
-    return chosen, measured
+    return chosen, measured, tokens / seconds
 
 
 def text_of_changing_sureness(rounds: int, seed: int) -> list[float]:
@@ -1182,27 +1192,16 @@ def text_of_changing_sureness(rounds: int, seed: int) -> list[float]:
 @pytest.mark.parametrize("shut", [False, True], ids=["gate open", "gate shut by the share"])
 def test_tries_begin_where_they_would_had_every_plain_step_been_measured(shut):
     """Measuring a step's sureness reads the target's whole row of logits (70-110 us a plain
-    step here, a third of auto's Python work in one); only tries read it, and most plain steps
-    are far from any."""
+    step here, over a quarter of auto's Python work in one); only tries read it, and most plain
+    steps are far from any."""
     sureness = text_of_changing_sureness(3 * REPROBE_EVERY, seed=7)
     runs = []
-    for lazy in (False, True):
+    for when_wanted in (False, True):
         policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
         if shut:
             shut_by_the_share(policy, 0.5)
-        if lazy:
-            chosen, measured = decode_measuring_when_wanted(policy, sureness, LOSING_ROUND)
-        else:
-            chosen, measured = [], 0
-            for sure in sureness:
-                chosen.append(policy.choose(None))
-                if chosen[-1] == "plain":
-                    policy.record_plain_step(sure)
-                    measured += 1
-                else:
-                    policy.record_arm(chosen[-1], *LOSING_ROUND)
-        runs.append((chosen, measured))
-    (every_step, all_measured), (when_wanted, measured) = runs
+        runs.append(decode_text(policy, sureness, lambda _: LOSING_ROUND, when_wanted))
+    (every_step, all_measured, _), (when_wanted, measured, _) = runs
     assert when_wanted == every_step
     assert "chain" in every_step
     assert measured < all_measured / 2
@@ -1219,22 +1218,16 @@ def test_plain_steps_not_measured_start_the_sureness_afresh():
 def test_measuring_sureness_only_where_wanted_makes_as_much_where_chains_pay_on_sure_text():
     """Where arms win too, tries can begin a round or so apart: a measure started afresh weighs
     its first steps more than one that ran on. What auto makes is the same within 1 %."""
+
+    def arm_round(sure: float) -> tuple[int, float]:  # 2x plain on sure text, 0.88x elsewhere
+        return (4, 0.06) if sure > 0.9 else LOSING_ROUND
+
     for seed in range(6):
         sureness = text_of_changing_sureness(3 * REPROBE_EVERY, seed=seed)
         rates = []
-        for lazy in (False, True):
+        for when_wanted in (False, True):
             policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain"), Arm("tree")])
-            tokens, seconds = 0, 0.0
-            for sure in sureness:
-                choice = policy.choose(None)
-                if choice == "plain":
-                    tokens, seconds = tokens + 1, seconds + 0.03
-                    policy.record_plain_step(sure if not lazy or policy.wants_sureness() else None)
-                else:  # 2x plain where the target is sure of its text, 0.88x elsewhere
-                    made = (4, 0.06) if sure > 0.9 else LOSING_ROUND
-                    tokens, seconds = tokens + made[0], seconds + made[1]
-                    policy.record_arm(choice, *made)
-            rates.append(tokens / seconds)
+            rates.append(decode_text(policy, sureness, arm_round, when_wanted)[2])
         assert rates[1] >= 0.99 * rates[0], seed
 
 
