@@ -628,8 +628,9 @@ class AutoPolicy:
         0.99-sure tokens, draft steps of 0.20-0.26 where the profiles said 0.29), tries on code
         were judged against ceilings of 1.7-2.0 and the next answers began at 1.55-1.60: a
         share of 0.65 that meant 1.1-1.3x plain at the tries opened a gate of 1.01-1.04 there
-        (its margin 1.03). Code answers began shut, and some decoded plainly to the end
-        (palindrome in a run of the bench's prompts, 2026-11-29, where `chain` makes 1.10x)."""
+        (its margin 1.03). Code answers began shut, and some drafted no chain at all: in the
+        bench's prompts run twice from an emptied memory (2026-11-29), every code answer of the
+        second pass, where `chain` makes 1.1x."""
         if self.costs.draft_s.value is None:
             return None
         return model_draft_ceiling(
