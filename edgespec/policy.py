@@ -517,6 +517,15 @@ class CeilingShare:
             self.tries = MAX_SHARE_TRIES
 
 
+def try_goes_on(rounds: int, rate: float) -> bool:
+    """Whether a try of a model arm goes on after `rounds` rounds that made `rate` times plain
+    decoding's rate together: until TRY_ROUNDS, then while undecided (between TRY_GIVE_UP and
+    MARGIN) up to TRY_MAX_ROUNDS; else it is judged."""
+    if rounds < TRY_ROUNDS:
+        return True
+    return TRY_GIVE_UP <= rate <= MARGIN and rounds < TRY_MAX_ROUNDS
+
+
 @dataclass
 class Arm:
     """A way of drafting with the model ("chain", "tree"), judged by the rate it really reached.
@@ -771,11 +780,7 @@ class AutoPolicy:
         arm.try_rounds += 1  # a try is judged on the sum of its rounds
         arm.try_tokens += tokens
         arm.try_seconds += seconds
-        if arm.try_rounds < TRY_ROUNDS:
-            return
-        plain = self.plain_rate()
-        undecided = plain * TRY_GIVE_UP <= arm.try_rate <= plain * MARGIN
-        if undecided and arm.try_rounds < TRY_MAX_ROUNDS:
+        if try_goes_on(arm.try_rounds, arm.try_rate / self.plain_rate()):
             return  # the next rounds say more
         self._judge(arm)
 

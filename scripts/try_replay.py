@@ -6,7 +6,7 @@
 For each prompt of the bench's suite (or FILE), once per repeat: a plain answer (its rate), then a
 `--mode chain --no-ngram` answer whose every round is traced (tokens decided, seconds, the part of
 them spent catching the draft up). Then a try is started at every round of each traced answer and
-run by auto's rules (policy.py: judged after TRY_ROUNDS rounds, on while undecided between
+run by auto's rules (policy.try_goes_on: judged after TRY_ROUNDS rounds, on while undecided between
 TRY_GIVE_UP and MARGIN of plain decoding, at most TRY_MAX_ROUNDS), and what the answers' rounds
 made over plain decoding is set against two estimates from the tries: the mean of each try's
 own rate over plain decoding's, and all tries' tokens over what plain decoding would have made
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgespec.engine import Engine, _Run
-from edgespec.policy import MARGIN, TRY_GIVE_UP, TRY_MAX_ROUNDS, TRY_ROUNDS
+from edgespec.policy import TRY_ROUNDS, try_goes_on
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,7 @@ def tries_of(rounds: Sequence[Round], plain_rate: float) -> list[Try]:
         tokens, seconds, n = 0, 0.0, 0
         for r in rounds[start:]:
             tokens, seconds, n = tokens + r.tokens, seconds + r.seconds, n + 1
-            if n < TRY_ROUNDS:
-                continue
-            rate = tokens / seconds / plain_rate
-            if not TRY_GIVE_UP <= rate <= MARGIN or n >= TRY_MAX_ROUNDS:
+            if n >= TRY_ROUNDS and not try_goes_on(n, tokens / seconds / plain_rate):
                 break
         if n >= TRY_ROUNDS:
             tries.append(Try(tokens, seconds, n))
