@@ -1537,6 +1537,8 @@ class Engine:
         run.catch_up_s = 0.0  # set by this round's draft, if it drafts (a chain of 0 does not)
         if choice == "ngram":
             decided = self._verify_ngram(run, proposal.tokens[:length])
+            if len(decided) > 1:
+                policy.record_copy()
         elif choice == "chain":
             decided = self._auto_chain(run, limit)
         elif choice == "tree":

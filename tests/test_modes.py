@@ -958,6 +958,39 @@ def test_auto_leaves_a_draft_that_cannot_pay_untouched(smol_path, plain_engine):
     assert engine.draft_ctx.decode_s == draft_time  # not even the prompt was evaluated by it
 
 
+def test_every_n_gram_proposal_auto_takes_tells_its_policy_the_text_is_a_copy(
+    smol_path, smol_q2_k, monkeypatch, tmp_path
+):
+    """A try of the draft waits for sure text after a copy (AutoPolicy.record_copy): the real
+    engine says so after each n-gram round that took one of its tokens, and only then."""
+    import edgespec
+    from edgespec.engine import Engine
+    from edgespec.policy import AutoPolicy
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    flat_device(engine, draft_cost=1e-4)
+    events: list[str] = []
+    verify_ngram, record_copy = Engine._verify_ngram, AutoPolicy.record_copy
+
+    def ngram_round(self, run, proposed):
+        decided = verify_ngram(self, run, proposed)
+        events.append("copied" if len(decided) > 1 else "missed")
+        return decided
+
+    def told(policy):
+        events.append("told")
+        record_copy(policy)
+
+    monkeypatch.setattr(Engine, "_verify_ngram", ngram_round)
+    monkeypatch.setattr(AutoPolicy, "record_copy", told)
+    stats = engine.generate(COPY_PROMPT, max_tokens=80, mode="auto").stats
+    assert stats.choices.get("ngram", 0) >= 1 and "copied" in events
+    for i, event in enumerate(events):  # told right after each copy, never otherwise
+        assert (event == "told") == (i > 0 and events[i - 1] == "copied")
+    assert events[-1] != "copied"
+
+
 def test_a_long_copy_is_verified_in_proposals_longer_than_16_and_equals_plain(
     smol_path, plain_engine, monkeypatch
 ):

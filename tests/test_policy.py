@@ -778,6 +778,19 @@ def test_a_probe_waits_for_text_the_target_is_sure_of():
     assert SURE_TEXT < 0.92
 
 
+def test_a_probe_waits_for_sure_text_after_a_copy_not_just_sure_text():
+    """On the edits here tries began right after n-gram copies, on the plain steps around them
+    that the target was sure of (it copies its context); the draft, which has read only the
+    text's first and last few dozen tokens, made 0.5-0.7x plain decoding there."""
+    policy = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
+    for arm in policy.arms:
+        arm.since_try = 10**6  # long due
+    show_sure_text(policy)
+    policy.record_copy()  # an n-gram proposal accepted
+    chosen = decode(policy, SURE_STEPS + 1, arm_round=(12, 0.25), sure=0.95)
+    assert chosen == ["plain"] * SURE_STEPS + ["chain"]  # sure text after the copy: probed
+
+
 def test_a_probe_is_not_made_where_catching_the_draft_up_would_cost_the_answer_too_much():
     step_s = 0.03
     catch_up_s = 0.5  # a draft 100 tokens behind
