@@ -18,6 +18,11 @@ def linear(k: int) -> float:
     return float(k)
 
 
+def half_a_step_a_token(k: int) -> float:
+    """Half a step a verified token, and half a step for the pass."""
+    return 0.5 * (k + 1)
+
+
 def test_without_proposals_the_ceiling_is_plain_decoding():
     assert ceiling.min_steps(10, [0] * 10, None, flat, 0.0) == 10
 
@@ -37,9 +42,6 @@ def test_where_a_verified_token_costs_a_step_speculation_never_pays():
 
 
 def test_a_model_chain_pays_only_if_its_drafting_and_pass_cost_less_than_the_steps_it_saves():
-    def half_a_step_a_token(k: int) -> float:
-        return 0.5 * (k + 1)
-
     # A chain of L tokens costs L * c + (L + 2) / 2 steps for L + 1 tokens.
     dear = ceiling.min_steps(12, [0] * 12, [12] * 12, half_a_step_a_token, 0.6)
     cheap = ceiling.min_steps(12, [0] * 12, [12] * 12, half_a_step_a_token, 0.3)
@@ -51,6 +53,38 @@ def test_the_cheaper_drafter_wins_where_both_are_right():
     # the n-gram costs nothing to draft; the model's chain would cost 0.5 a token more
     both = ceiling.min_steps(9, [9] * 9, [9] * 9, flat, 0.5)
     assert both == ceiling.min_steps(9, [9] * 9, None, flat, 0.0) == 1
+
+
+def test_the_tokens_a_draft_did_not_draft_are_paid_for_before_its_next_chain():
+    model = [0] * 6 + [6, 5, 4, 3, 2, 1]  # right only from the seventh token on
+    free = ceiling.min_steps(12, [0] * 12, model, half_a_step_a_token, 0.3)
+    assert free == pytest.approx(6 + 5 * 0.3 + 3.5)  # six plain steps, then a chain of five
+    synced = ceiling.min_steps(
+        12, [0] * 12, model, half_a_step_a_token, 0.3, catch_up=lambda behind: 0.1 * behind
+    )
+    # seven tokens behind by then (the prompt's last and the six plain ones), in one batch
+    assert synced == pytest.approx(6 + 0.7 + 4 * 0.3 + 3.5)
+
+
+def test_a_chain_taken_whole_leaves_its_last_token_and_the_targets_to_catch_up_on():
+    everywhere = [8, 7, 6, 5, 4, 3, 2, 1]
+    synced = ceiling.min_steps(
+        8, [0] * 8, everywhere, flat, 0.1, max_len=3, catch_up=lambda behind: 0.1 * behind
+    )
+    # two chains of three: the first catches up on the prompt's last token, the second on two
+    assert synced == pytest.approx((0.1 + 2 * 0.1 + 1) + (0.2 + 2 * 0.1 + 1))
+
+
+def test_a_draft_far_behind_catches_up_on_the_texts_last_tokens_only():
+    asked: list[int] = []
+
+    def catch_up(behind: int) -> float:
+        asked.append(behind)
+        return 0.01 * behind
+
+    model = [0] * 90 + [10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
+    ceiling.min_steps(100, [0] * 100, model, half_a_step_a_token, 0.1, catch_up=catch_up)
+    assert max(asked) == ceiling.DRAFT_BEHIND_CAP
 
 
 def test_a_run_of_agreement_counts_the_agreeing_positions_from_each_one_on():
