@@ -83,8 +83,11 @@ def test_a_draft_far_behind_catches_up_on_the_texts_last_tokens_only():
         return 0.01 * behind
 
     model = [0] * 90 + [10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
-    ceiling.min_steps(100, [0] * 100, model, half_a_step_a_token, 0.1, catch_up=catch_up)
+    steps = ceiling.min_steps(100, [0] * 100, model, half_a_step_a_token, 0.1, catch_up=catch_up)
     assert max(asked) == ceiling.DRAFT_BEHIND_CAP
+    # 90 plain steps, then a chain of nine whose first evaluation takes in the last 24 of the
+    # 91 tokens the draft lacks
+    assert steps == pytest.approx(90 + 0.01 * ceiling.DRAFT_BEHIND_CAP + 8 * 0.1 + 5.5)
 
 
 def test_a_run_of_agreement_counts_the_agreeing_positions_from_each_one_on():

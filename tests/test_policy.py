@@ -781,7 +781,7 @@ def test_a_probe_waits_for_text_the_target_is_sure_of():
 def test_a_probe_waits_for_sure_text_after_a_copy_not_just_sure_text():
     """On the edits here tries began right after n-gram copies, on the plain steps around them
     that the target was sure of (it copies its context); the draft, which has read only the
-    text's first and last few dozen tokens, made 0.5-0.7x plain decoding there."""
+    text's first and last few dozen tokens, made 0.45-0.7x plain decoding there."""
     policy = AutoPolicy(costs(step_s=0.03), [Arm.remembered("chain", probe_every=32)])
     for arm in policy.arms:
         arm.since_try = 10**6  # long due
