@@ -55,8 +55,9 @@ def min_steps(
     target steps (a batch): those of plain and n-gram rounds, and after a chain taken whole its
     last drafted token and the target's own. None: a draft step, whatever b, as if the draft
     knew the text for free, which no real draft does; its others cost `draft_cost` each."""
-    first_evaluation = catch_up or (lambda _behind: draft_cost)
     cap = DRAFT_BEHIND_CAP
+    # what the first evaluation costs at each lag, priced once (a draft is never 0 behind)
+    first_evaluation = [0.0] + [catch_up(b) if catch_up else draft_cost for b in range(1, cap + 1)]
     # best[i][b]: the fewest steps from position i with the draft b tokens behind (b <= cap)
     best = [[0.0] * (cap + 1) for _ in range(n_tokens + 1)]
     behind = [min(b, cap) for b in range(cap + max_len + 2)]
@@ -79,7 +80,7 @@ def min_steps(
             for steps, at, n in copies:
                 cost = min(cost, steps + best[at][behind[b + n]])
             if chain is not None:
-                cost = min(cost, first_evaluation(b) + chain)
+                cost = min(cost, first_evaluation[b] + chain)
             best[i][b] = cost
     return best[0][1]
 

@@ -48,7 +48,7 @@ def tries_of(rounds: Sequence[Round], plain_rate: float) -> list[Try]:
         tokens, seconds, n = 0, 0.0, 0
         for r in rounds[start:]:
             tokens, seconds, n = tokens + r.tokens, seconds + r.seconds, n + 1
-            if n >= TRY_ROUNDS and not try_goes_on(n, tokens / seconds / plain_rate):
+            if not try_goes_on(n, tokens / seconds / plain_rate):
                 break
         if n >= TRY_ROUNDS:
             tries.append(Try(tokens, seconds, n))
