@@ -114,3 +114,45 @@ def test_a_draft_identical_to_the_target_agrees_with_its_greedy_text(self_draft_
     # Teacher-forced in one batch, llama.cpp's numerics may part at a near tie, rarely; a
     # position off by one would agree about as often as the text repeats its own tokens.
     assert sum(agrees) >= 0.95 * len(text)
+
+
+def test_on_a_real_pair_the_draft_catching_up_only_costs(
+    smol_path, smol_q2_k, tmp_path, monkeypatch, capsys
+):
+    """The script end to end on a bench run's text, SmolLM2 and its Q2_K copy: the starred
+    columns, where the draft reads what it did not draft, are never above those where it knows
+    the text for free."""
+    import json
+    import sys
+
+    import edgespec
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # its own quick profile, measured here
+    text = "Count from 1 to 40, separated by commas: 1, 2, 3, 4,"
+    prompts = tmp_path / "prompts.toml"
+    prompts.write_text(
+        f'[[prompts]]\nname = "count"\nclass = "code"\nmax_tokens = 48\ntext = "{text}"\n'
+    )
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    tokens = engine.generate(engine.prompt_tokens(text), mode="target", max_tokens=48).tokens
+    engine.close()
+    run = {
+        "settings": {
+            "target": {"path": str(smol_path)},
+            "draft": {"path": str(smol_q2_k)},
+            "n_ctx": 1024,
+            "greedy": True,
+        },
+        "rows": [{"prompt": "count", "mode": "target", "tokens": tokens}],
+    }
+    bench_json = tmp_path / "run.json"
+    bench_json.write_text(json.dumps(run))
+    argv = ["ceiling.py", str(bench_json), "--prompts", str(prompts), "--draft-cost", "0.3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    ceiling.main()
+    out = capsys.readouterr().out
+    cells = next(line for line in out.splitlines() if line.startswith("count")).split()
+    ngram, model, both, model_synced, both_synced = map(float, cells[2:7])
+    assert model_synced <= model and both_synced <= both
+    assert min(ngram, model, both) >= 1.0  # the oracle never does worse than plain decoding
+    assert "*: the draft evaluates" in out
