@@ -15,9 +15,16 @@ from edgespec.config import Settings, config_path, resolve
 from edgespec.errors import BadSettingError, EdgespecError
 
 config_app = typer.Typer(
-    help="Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults.",
-    no_args_is_help=True,
+    help="Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults."
 )
+
+
+@config_app.callback(invoke_without_command=True)
+def config(ctx: typer.Context) -> None:
+    """Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults;
+    alone, as `config show`."""
+    if ctx.invoked_subcommand is None:  # as `models` alone lists the models
+        show()
 
 
 def _fail(message: str, exit_code: int = 1) -> NoReturn:

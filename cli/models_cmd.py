@@ -23,9 +23,16 @@ from edgespec.errors import EdgespecError
 
 from .signals import sigterm_as_ctrl_c
 
-models_app = typer.Typer(
-    help="List, fetch and locate the GGUF models edgespec knows about.", no_args_is_help=True
-)
+models_app = typer.Typer(help="List, fetch and locate the GGUF models edgespec knows about.")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context) -> None:
+    """List, fetch and locate the GGUF models edgespec knows about; alone, as `models list`."""
+    # `edgespec models` printed its usage and exited 2, an error to a script that asked for
+    # nothing wrong; the list is what it is most often typed for.
+    if ctx.invoked_subcommand is None:
+        list_models()
 
 
 def _fail(message: str, exit_code: int = 1) -> NoReturn:

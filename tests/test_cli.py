@@ -1357,6 +1357,23 @@ def test_version_names_edgespec_and_its_llama_cpp_python(capsys):
     assert out.startswith("edgespec 0.") and "llama-cpp-python 0." in out
 
 
+def test_models_and_config_alone_list_the_models_and_show_the_settings(
+    capsys, tmp_path, monkeypatch
+):
+    """Alone they printed their usage and exited 2: an error, to a script that asked for
+    nothing wrong."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    for group, command in (("models", "list"), ("config", "show")):
+        code, out, err = cli(capsys, group)
+        assert (code, out, err) == cli(capsys, group, command)
+        assert code == 0 and out and not err
+    (tmp_path / "config.toml").write_text("temp = [", encoding="utf-8")
+    code, _, err = cli(capsys, "config")  # fails as `config show` does: in one line
+    assert code != 0 and err.startswith("error: ") and err.count("\n") == 1
+    code, _, err = cli(capsys, "models", "nonesuch")
+    assert code == 2 and "No such command" in err
+
+
 def test_a_system_message_from_the_environment_does_not_stop_a_raw_completion(
     capsys, smol_path, monkeypatch
 ):
