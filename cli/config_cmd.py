@@ -21,8 +21,7 @@ config_app = typer.Typer(
 
 @config_app.callback(invoke_without_command=True)
 def config(ctx: typer.Context) -> None:
-    """Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults;
-    alone, as `config show`."""
+    """Alone: `config show` (the group's help is config_app's)."""
     if ctx.invoked_subcommand is None:  # as `models` alone lists the models
         show()
 

@@ -28,7 +28,7 @@ models_app = typer.Typer(help="List, fetch and locate the GGUF models edgespec k
 
 @models_app.callback(invoke_without_command=True)
 def models(ctx: typer.Context) -> None:
-    """List, fetch and locate the GGUF models edgespec knows about; alone, as `models list`."""
+    """Alone: `models list` (the group's help is models_app's)."""
     # `edgespec models` printed its usage and exited 2, an error to a script that asked for
     # nothing wrong; the list is what it is most often typed for.
     if ctx.invoked_subcommand is None:

@@ -30,10 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-MAX_LEN = 32  # longest proposal of either drafter (engine.MAX_NGRAM_DRAFT)
-# A draft further behind than this catches up on the text's last this many tokens only
-# (engine.DRAFT_WINDOW; it has the text's start, the rest of catch_up_positions).
-DRAFT_BEHIND_CAP = 24
+from edgespec.engine import DRAFT_WINDOW, MAX_NGRAM_DRAFT
+
+MAX_LEN = MAX_NGRAM_DRAFT  # longest proposal of either drafter
+# A draft further behind than this catches up on the text's last this many tokens only (it has
+# the text's start: the rest of engine.catch_up_positions).
+DRAFT_BEHIND_CAP = DRAFT_WINDOW
 
 
 def min_steps(
