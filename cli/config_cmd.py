@@ -15,7 +15,8 @@ from edgespec.config import Settings, config_path, resolve
 from edgespec.errors import BadSettingError, EdgespecError
 
 config_app = typer.Typer(
-    help="Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults."
+    help="Show the settings of `edgespec run` from config.toml, EDGESPEC_* variables and defaults;"
+    " alone, `config show`."
 )
 
 

@@ -23,7 +23,9 @@ from edgespec.errors import EdgespecError
 
 from .signals import sigterm_as_ctrl_c
 
-models_app = typer.Typer(help="List, fetch and locate the GGUF models edgespec knows about.")
+models_app = typer.Typer(
+    help="List, fetch and locate the GGUF models edgespec knows about; alone, `models list`."
+)
 
 
 @models_app.callback(invoke_without_command=True)

@@ -1367,6 +1367,8 @@ def test_models_and_config_alone_list_the_models_and_show_the_settings(
         code, out, err = cli(capsys, group)
         assert (code, out, err) == cli(capsys, group, command)
         assert code == 0 and out  # (a note on stderr names an EDGESPEC_* nothing reads)
+        help_text = " ".join(cli(capsys, group, "--help")[1].split())  # and its help says so
+        assert f"alone, `{group} {command}`" in help_text
     (tmp_path / "config.toml").write_text("temp = [", encoding="utf-8")
     code, _, err = cli(capsys, "config")  # fails as `config show` does: in one line
     assert code != 0 and err.startswith("error: ") and err.count("\n") == 1
