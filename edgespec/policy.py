@@ -275,6 +275,13 @@ class Costs:
         """A plain step took `seconds`; the pass factor, unmeasured by it, drifts back towards
         the profile (FACTOR_HALF_LIFE)."""
         self.step_s.update(seconds)
+        # Until a draft step is timed, the draft is estimated as a share of a target step, and
+        # follows the step as plain steps time it: priced in the seconds of the answer's first
+        # step, which a passing load had made 62 ms where the next took 14 here, catching the
+        # draft up looked four times dearer than it was for the whole answer, and no try came
+        # (beside a busy core, 2026-11-30).
+        if not self.draft_rounds and self.draft_estimate is not None:
+            self.draft_s.value = self.draft_estimate * self.step_s.value
         factor = self.batch_factor.value
         if factor is not None:
             self.batch_factor.value = factor + FACTOR_RELAX * (1.0 - factor)

@@ -471,6 +471,20 @@ def test_the_first_timed_draft_step_replaces_an_estimate_then_steps_are_averaged
     assert 0.015 < c.draft_s.value < 0.020
 
 
+def test_until_a_draft_step_is_timed_its_estimate_follows_the_plain_step():
+    """An estimate is a share of a target step: a first step timed under a passing load would
+    otherwise price every draft step (and catching the draft up) of the answer at its seconds."""
+    c = costs(step_s=0.062, draft_s=None)  # a first step under load
+    c.estimate_draft_step(0.2 * 0.062)  # the profiles: a draft step is 0.2 of a target step
+    for _ in range(30):  # the load lifts
+        c.record_step(0.014)
+    assert c.step_s.value == pytest.approx(0.014, rel=0.01)
+    assert c.draft_s.value == pytest.approx(0.2 * c.step_s.value)
+    c.record_draft_step(0.004)  # timed: from now on what it took, whatever the steps do
+    c.record_step(0.03)
+    assert c.draft_s.value == pytest.approx(0.004)
+
+
 def test_a_draft_cost_is_kept_for_later_answers_only_from_enough_timed_draft_rounds():
     """One chain round timed at twice the usual draft step, right after catching the draft up,
     once shut the gate for good: a draft never used is never timed again."""
