@@ -522,13 +522,17 @@ def test_the_passes_auto_mode_made_are_what_the_next_generation_and_run_start_fr
     def stored() -> float | None:
         return load_batch_factor(*again._passes_key, again.profile)
 
+    # What the engine knows now: `learnt`, or where the generation above started from a factor
+    # held within START_FACTOR_BOUND (a first run beside a busy core learnt 0.33), that start.
+    known = again._batch_factor
+    assert known is not None and stored() == pytest.approx(known)
     moved = Costs(again.relative_cost, again.pass_sizes)
-    moved.start_from(learnt * 1.02)
+    moved.batch_factor.value = known * 1.02
     again._remember_passes(moved)
-    assert stored() == pytest.approx(learnt)
-    moved.start_from(learnt * 1.2)
+    assert stored() == pytest.approx(known)
+    moved.batch_factor.value = known * 1.2
     again._remember_passes(moved)
-    assert stored() == pytest.approx(learnt * 1.2) and again._batch_factor == stored()
+    assert stored() == pytest.approx(known * 1.2) and again._batch_factor == stored()
 
 
 def test_a_dear_pass_factor_no_pass_measures_again_is_not_kept_for_good(
@@ -870,6 +874,12 @@ def test_a_gate_the_share_keeps_shut_lets_a_try_of_the_draft_through_now_and_the
     # the curve's price, which took the ceiling to 1.09, and in some runs below the margin, where
     # the gate is not shut by the share (nor are rounds counted as such), but by the ceiling.
     monkeypatch.setattr(Costs, "record_pass", lambda self, k, seconds: None)
+    # No n-gram proposal priced to pay: a copy starts the sureness afresh (record_copy), and
+    # on this counting text copies came every other round once the numbers had two digits, so
+    # whether ten sure plain steps came in a row before that was a matter of where the
+    # n-gram's price fell, which the machine's load moved (no try at all in 2 of 5 runs beside
+    # a busy core). What is tested here is the share's gate, not the n-gram.
+    monkeypatch.setattr(edgespec.engine.Engine, "_ngram_length", lambda self, run, p: (0, None))
     prompt = "Count from 1 to 100, separated by commas: 1, 2, 3, 4, 5, 6, 7, 8,"
     engine.ceiling_share = CeilingShare(0.0, 80.0, 8.0, rounds_shut=0)  # tries that reached nothing
     shut = engine.generate(prompt, max_tokens=48, mode="auto").stats
