@@ -237,6 +237,10 @@ class Repl:
                 err.print(f"error: {escape(str(e))}", soft_wrap=True)  # one line, piped too
                 self.failures += 1
             except KeyboardInterrupt:  # outside an answer (which handles its own): just stop
+                # ... or, piped, end as at the wait: a Ctrl+C sent as an answer ended came here
+                # when the chat was slow to get back to its wait, and it waited on for good.
+                if not self.interactive:
+                    raise
                 print()
                 err.print("[dim]interrupted[/dim]")
 

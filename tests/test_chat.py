@@ -406,6 +406,42 @@ def test_a_piped_chat_waiting_for_its_next_message_ends_at_ctrl_c(smol_path, tmp
     assert err.strip() == "interrupted" and out.strip()
 
 
+@pytest.mark.parametrize("interactive", [False, True])
+def test_a_ctrl_c_just_as_an_answer_ends_is_taken_as_at_the_wait_for_the_next_message(
+    small_engine, interactive
+):
+    """Beside a busy core the test above's Ctrl+C, sent once the answer's statistics were
+    written, came before the chat was back at its wait: "interrupted", and a piped chat waited
+    on for a message nobody could send. Piped, it ends (130, as at the wait); at a terminal it
+    goes on. The answer is kept either way."""
+    from edgespec.cli.chat_cmd import Repl
+    from edgespec.config import Settings
+
+    conversation = Conversation(small_engine)
+    repl = Repl(conversation, Settings(max_tokens=4, mode="target"), interactive)
+    lines = iter(["Hi", "Bye"])
+
+    def read_line(prompt: str) -> str:
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    def ctrl_c() -> None:  # pressed as the answer ends, after its statistics
+        raise KeyboardInterrupt
+
+    repl.read_line = read_line  # type: ignore[method-assign]
+    repl.catch_up_while_idle = ctrl_c  # type: ignore[method-assign]
+    if interactive:
+        repl.run()
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            repl.run()
+    asked = [m.content for m in conversation.messages if m.role == "user"]
+    assert asked == (["Hi", "Bye"] if interactive else ["Hi"])
+    assert conversation.messages[1].role == "assistant" and not conversation.messages[1].interrupted
+
+
 def test_a_piped_chat_whose_command_failed_exits_non_zero_after_the_rest(smol_path, tmp_path):
     """A script could not tell that its /save never happened: every error line, then exit 0."""
     saved_to = tmp_path / "chat.json"
