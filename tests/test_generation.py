@@ -79,7 +79,11 @@ def test_auto_counts_every_round_among_its_choices_its_first_timed_steps_too(smo
 
     engine = edgespec.load(smol_path, n_ctx=256)  # fresh: its first rounds time a plain step
     s = engine.generate(PROMPTS[1], max_tokens=5, mode="auto").stats
-    assert s.choices == {"plain": s.target_passes}
+    # One target pass a round (no draft here), whether a plain step or an n-gram proposal's:
+    # which of the two the rounds after the first two chose is the device's timing (beside a
+    # busy core two of five were n-gram rounds).
+    assert sum(s.choices.values()) == s.target_passes and s.choices["plain"] >= 2
+    assert set(s.choices) <= {"plain", "ngram"}
 
 
 def test_without_draft_max_a_chain_drafts_on_while_one_more_token_raises_the_expected_rate(
