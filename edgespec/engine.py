@@ -1588,7 +1588,7 @@ class Engine:
         if seconds is None:
             return
         costs.draft_s.value = None  # replaced, not averaged with what it corrects
-        costs.estimate_draft_step(seconds)
+        costs.estimate_draft_step(seconds, timed=True)
         if self._arms_key is not None:
             self._memory = replace(self._memory, draft_cost=seconds / step_s)
             save_auto_memory(*self._arms_key, self._memory)

@@ -207,6 +207,9 @@ class Costs:
     draft_rounds: int = 0
     # That estimate in target steps, kept when timed steps replace it (AutoPolicy.model_ceiling).
     draft_estimate: float | None = None
+    # Whether draft_s is that estimate, a share of a target step, and so follows the plain step
+    # as it is timed (record_step); not once a draft step has been timed.
+    draft_follows_step: bool = False
     # Each timed draft step over the plain step as timed then: the draft's cost in target steps.
     # The ratio of the two averages at the end is not: here chains timed in a slow minute (a
     # step 36 ms, a draft step 9.5) over steps timed after it (24 ms) made 0.39, not 0.26; the
@@ -215,11 +218,13 @@ class Costs:
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
-    def estimate_draft_step(self, seconds: float) -> None:
-        """What a draft step should cost, from profiles or an earlier run, until one is timed."""
+    def estimate_draft_step(self, seconds: float, timed: bool = False) -> None:
+        """What a draft step should cost, from profiles or an earlier run (in the seconds of the
+        plain step timed so far), until one is timed; `timed`: one timed just now, a time."""
         self.draft_s.update(seconds)
         if self.step_s.value is not None:
             self.draft_estimate = self.draft_s.value / self.step_s.value
+        self.draft_follows_step = not timed and self.draft_estimate is not None
 
     def record_draft_step(self, seconds: float) -> None:
         """A draft step timed while generating. The first replaces the estimate: averaged in at
@@ -229,6 +234,7 @@ class Costs:
             self.draft_s.value = None
         self.draft_s.update(seconds)
         self.draft_rounds += 1
+        self.draft_follows_step = False
         if self.step_s.value is not None:
             self.draft_steps.update(seconds / self.step_s.value)
 
@@ -280,7 +286,7 @@ class Costs:
         # step, which a passing load had made 62 ms where the next took 14 here, catching the
         # draft up looked four times dearer than it was for the whole answer, and no try came
         # (beside a busy core, 2026-11-30).
-        if not self.draft_rounds and self.draft_estimate is not None:
+        if self.draft_follows_step and self.draft_estimate is not None:
             self.draft_s.value = self.draft_estimate * self.step_s.value
         factor = self.batch_factor.value
         if factor is not None:
