@@ -270,8 +270,12 @@ class DeviceProfile:
         return dict(zip(self.ks, self.seconds, strict=True))
 
     def relative(self, k: float) -> float:
-        """T(k)/T(1), interpolated between measured ks and proportional beyond the last."""
-        return relative_cost(self._curve, k) / self.step_s
+        """T(k)/T(1), interpolated between measured ks and proportional beyond the last; at
+        least 1 from k = 1 on: a pass does at least one token's work, and a profile timed
+        beside a busy core put a batch below a step (scripts/ceiling.py then priced catching the
+        draft up below a draft step, 2026-11-30)."""
+        value = relative_cost(self._curve, k) / self.step_s
+        return max(value, 1.0) if k >= 1 else value
 
     def cost(self, k: float) -> float:
         """Seconds of one pass over k tokens."""

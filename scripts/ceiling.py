@@ -166,10 +166,7 @@ def main() -> None:
         draft_curve = (engine.draft_profile or engine.profile).relative
 
         def catch_up(behind: int) -> float:
-            # At least a draft step: a batch takes in that token too. A quick profile measured
-            # beside a busy core put a batch below one step, and the starred columns above the
-            # free ones (2.45 against 2.21: 2026-11-30).
-            return draft_cost * max(1.0, draft_curve(min(behind, DRAFT_BEHIND_CAP)))
+            return draft_cost * draft_curve(min(behind, DRAFT_BEHIND_CAP))
 
     by_class: dict[str, list[list[float]]] = {}
     print(f"{'prompt':28} {'class':8} " + " ".join(f"{c:>7}" for c in columns) + "  draft agrees")

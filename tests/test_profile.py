@@ -189,6 +189,13 @@ def test_relative_grows_in_proportion_to_k_beyond_the_last_measured_k(model_file
     assert p.relative(32) == pytest.approx(9.0)  # 4.5 at 16, doubled: never falls with k
 
 
+def test_a_pass_costs_at_least_a_step_whatever_a_profile_timed_under_load_says(model_file):
+    p = a_profile(model_file, ks=[1, 2, 4], seconds=[0.030, 0.015, 0.040])  # T(1) hit by a load
+    assert p.relative(2) == 1.0 and p.relative(3) == 1.0  # not 0.5 and 0.92
+    assert p.relative(4) == pytest.approx(4 / 3)
+    assert p.relative(0.5) == pytest.approx(0.5)  # below a token: a share of one, as before
+
+
 def test_nothing_costs_nothing_and_negative_sizes_are_refused():
     assert relative_cost(DEFAULT_RELATIVE, 0) == 0.0
     with pytest.raises(ValueError):
