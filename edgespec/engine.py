@@ -9,7 +9,6 @@ exactly the committed tokens (the draft may lag behind and catches up in its nex
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -108,7 +107,7 @@ MAX_NGRAM_DRAFT = 32
 # on regardless made 0.88-0.98 of this on a 1+1 core split here; 0.3 won on chat, lost on code.
 MAX_AHEAD = MAX_AUTO_DRAFT
 AHEAD_MIN_REACH = 0.1
-DRAFT_TIMING_STEPS = 6  # one-token draft evaluations timed where a remembered cost shuts the gate
+DRAFT_TIMING_STEPS = 10  # steps of each model timed where a remembered draft cost shuts the gate
 CATCH_UP_BATCH = 32  # the pass whose cost per token prices a draft's catching up
 # A draft behind the text by more than DRAFT_SINK + DRAFT_WINDOW tokens (a prompt, in chain and
 # tree modes; what auto decided without it) is caught up on the text's first DRAFT_SINK tokens
@@ -1570,9 +1569,9 @@ class Engine:
         What is known may be one earlier generation's measurement, and one that came out high
         (0.34 of a target step here after a busy hour, where 0.25-0.28 is usual) can shut the
         gate for model drafts (policy.models_can_pay): then no draft round comes to measure it
-        again, in this run or the next. So where that shuts the gate, a draft step is timed now,
-        once per engine, and remembered. (Not where the two models' profiles were measured
-        together: their ratio is the device's, whatever its load.)"""
+        again, in this run or the next. So where that shuts the gate, a draft step is timed now
+        against a target step, once per engine, and remembered. (Not where the two models'
+        profiles were measured together: their ratio is the device's, whatever its load.)"""
         costs = run.costs
         costs.step_s.update(step_s)
         relative = self._draft_cost()
@@ -1584,36 +1583,45 @@ class Engine:
         if relative is None or self._profiles_together() or policy.models_can_pay():
             return
         self._draft_step_timed = True
-        seconds = self._time_draft_step(run)
-        if seconds is None:
+        relative = self._time_draft_step(run)
+        if relative is None:
             return
         costs.draft_s.value = None  # replaced, not averaged with what it corrects
-        costs.estimate_draft_step(seconds, timed=True)
+        costs.estimate_draft_step(step_s * relative)
         if self._arms_key is not None:
-            self._memory = replace(self._memory, draft_cost=seconds / step_s)
+            self._memory = replace(self._memory, draft_cost=relative)
             save_auto_memory(*self._arms_key, self._memory)
 
     def _time_draft_step(self, run: _Run) -> float | None:
-        """A draft step's time, measured now: DRAFT_TIMING_STEPS one-token evaluations, the
-        median of the later half (the first few of a fresh process took 11-16 ms here where the
-        next took 6.5-7.5). Those that evaluated committed tokens the draft lacked stay in its
-        cache, as its next catching up would have put them; the others are removed. None where
-        the context has no room left."""
-        draft_ctx = self.draft_ctx
+        """A draft step in target steps, measured now: DRAFT_TIMING_STEPS one-token evaluations
+        of each model in turn, the fastest of each. Another program's load only adds time, and
+        the fastest is each model's step when it had the cores: beside a busy core, SmolLM2
+        against a Q2_K copy of itself (0.80 on a quiet machine) came out at 0.60-1.01 so in 20
+        runs, 0.12-2.9 from the medians of the later halves, and 0.03-10.8 as the median draft
+        step over the answer's first plain step, as it was timed before (2026-11-30). The
+        draft's evaluations of committed tokens it lacked stay in its cache, as its next
+        catching up would have put them; its others and all the target's are removed (and not
+        counted among its passes). None where a context has no room left."""
+        draft_ctx, target_ctx = self.draft_ctx, self.target_ctx
         assert draft_ctx is not None
-        start, root = run.draft_cached, len(run.tokens) - 1
-        if start + DRAFT_TIMING_STEPS >= self.n_ctx:
+        start, root, held = run.draft_cached, len(run.tokens) - 1, run.target_cached
+        if start + DRAFT_TIMING_STEPS >= self.n_ctx or held + 1 >= self.n_ctx:
             return None
-        seconds = []
+        target_token = run.tokens[min(held, root)]
+        draft_s, target_s = [], []
         for pos in range(start, start + DRAFT_TIMING_STEPS):
             t0 = time.perf_counter()
             draft_ctx.decode([run.tokens[min(pos, root)]], pos)
-            seconds.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            target_ctx.decode([target_token], held)
+            target_s.append(time.perf_counter() - t1)
+            target_ctx.seq_rm(0, held)
+            draft_s.append(t1 - t0)
         caught_up = min(DRAFT_TIMING_STEPS, root - start)
         draft_ctx.seq_rm(0, start + caught_up)
         run.draft_cached = start + caught_up
-        run.stats.draft_s += sum(seconds)
-        return statistics.median(seconds[DRAFT_TIMING_STEPS // 2 :])
+        run.stats.draft_s += sum(draft_s)
+        return min(draft_s) / min(target_s)
 
     def _catch_up_s(self, run: _Run) -> float:
         """Seconds the draft would spend evaluating the tokens decided without it (auto's plain

@@ -218,13 +218,13 @@ class Costs:
     # The curve is fixed for a generation and asked for every round: interpolated once per k.
     _relative: dict[int, float] = field(default_factory=dict, repr=False)
 
-    def estimate_draft_step(self, seconds: float, timed: bool = False) -> None:
-        """What a draft step should cost, from profiles or an earlier run (in the seconds of the
-        plain step timed so far), until one is timed; `timed`: one timed just now, a time."""
+    def estimate_draft_step(self, seconds: float) -> None:
+        """What a draft step should cost, from profiles, an earlier run or a timing against a
+        target step (in the seconds of the plain step timed so far), until one is timed."""
         self.draft_s.update(seconds)
         if self.step_s.value is not None:
             self.draft_estimate = self.draft_s.value / self.step_s.value
-        self.draft_follows_step = not timed and self.draft_estimate is not None
+        self.draft_follows_step = self.draft_estimate is not None
 
     def record_draft_step(self, seconds: float) -> None:
         """A draft step timed while generating. The first replaces the estimate: averaged in at

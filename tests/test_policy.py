@@ -483,10 +483,6 @@ def test_until_a_draft_step_is_timed_its_estimate_follows_the_plain_step():
     c.record_draft_step(0.004)  # timed: from now on what it took, whatever the steps do
     c.record_step(0.03)
     assert c.draft_s.value == pytest.approx(0.004)
-    timed_first = costs(step_s=0.062, draft_s=None)
-    timed_first.estimate_draft_step(0.004, timed=True)  # timed beside the first step (engine)
-    timed_first.record_step(0.014)
-    assert timed_first.draft_s.value == pytest.approx(0.004)
 
 
 def test_a_draft_cost_is_kept_for_later_answers_only_from_enough_timed_draft_rounds():
