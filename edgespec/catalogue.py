@@ -68,6 +68,7 @@ class ModelSpec:
     size: int
     sha256: str
     parts: tuple[Part, ...]
+    vocabulary: str  # models of one vocabulary pair as draft and target
 
 
 def home() -> Path:
@@ -90,6 +91,7 @@ def _manifest() -> dict[str, ModelSpec]:
             size=entry["size"],
             sha256=entry["sha256"],
             parts=tuple(Part(**part) for part in entry["parts"]),
+            vocabulary=entry["vocabulary"],
         )
         for name, entry in tomllib.loads(text).items()
     }

@@ -9,7 +9,8 @@
 #   --target NAME    catalogue model to fetch as the target [default: qwen2.5-coder-1.5b, or
 #                    qwen2.5-coder-0.5b alone when the board has less than 3 GiB of memory]
 #   --draft NAME     catalogue model to fetch as the draft [default: qwen2.5-coder-0.5b if
-#                    there is no --target, as for `edgespec run`]
+#                    there is no --target, as for `edgespec run`]; one of the target's
+#                    vocabulary (models/manifest.toml), or the script stops before any step
 # Environment:
 #   EDGESPEC_VENV    where the virtual environment goes [default: <checkout>/.venv, as for `make`]
 #   CMAKE_ARGS       llama.cpp build options, replacing the ones chosen below

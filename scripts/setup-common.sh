@@ -55,6 +55,25 @@ check_model() {
 	die "$flag $name: no such model in the catalogue (it has $known)"
 }
 
+# vocabulary_of NAME: the vocabulary of the catalogue's model NAME (one check_model passed).
+vocabulary_of() {
+	sed -n "/^\[\"$1\"\]\$/,/^\[/s/^vocabulary = \"\(.*\)\"\$/\1/p" "$REPO/models/manifest.toml"
+}
+
+# check_pair: a --draft can draft for the target (the one named, else the default pair's, whose
+# vocabulary the 0.5B taken on a small device shares) only with its vocabulary; else it fails
+# now, not at the first run after half an hour of building.
+check_pair() {
+	local target="${TARGET:-qwen2.5-coder-1.5b}" draft_vocabulary target_vocabulary
+	[[ -z $DRAFT || $DRAFT == none ]] && return 0
+	draft_vocabulary="$(vocabulary_of "$DRAFT")"
+	target_vocabulary="$(vocabulary_of "$target")"
+	[[ $draft_vocabulary == "$target_vocabulary" ]] && return 0
+	[[ -n $TARGET ]] || target="$target (the default target)"
+	die "--draft $DRAFT cannot draft for $target: their vocabularies differ" \
+		"($draft_vocabulary, $target_vocabulary)"
+}
+
 # Sets TARGET and DRAFT (empty unless given) and DRY_RUN from the command line.
 parse_options() {
 	TARGET="" DRAFT=""
@@ -79,6 +98,7 @@ parse_options() {
 	[[ -f $REPO/pyproject.toml ]] || die "no pyproject.toml in $REPO: run this script from an edgespec checkout"
 	[[ -n $TARGET ]] && check_model --target "$TARGET"
 	[[ -n $DRAFT ]] && check_model --draft "$DRAFT"
+	check_pair
 	[[ $DRY_RUN == 1 ]] && say "dry run: showing the steps, changing nothing"
 	return 0
 }

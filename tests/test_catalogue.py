@@ -51,6 +51,7 @@ def synthetic_spec(payload: bytes, n_parts: int) -> catalogue.ModelSpec:
         size=len(payload),
         sha256=hashlib.sha256(payload).hexdigest(),
         parts=parts,
+        vocabulary="tiny",
     )
 
 

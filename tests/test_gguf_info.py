@@ -3,6 +3,7 @@ opens a file, checked against gguf-py's reader on a real model, and on broken fi
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import struct
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import edgespec
+from edgespec import catalogue
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import check_generates, pairing_problem, read_gguf, token_texts
 
@@ -393,3 +395,14 @@ def test_a_pair_whose_special_tokens_differ_is_refused(tmp_path):
     assert pairing_problem(*other_bos).startswith("special tokens differ (BOS 0 vs 1")
     other_eos = tiny_pair(tmp_path, VOCAB, [*VOCAB, "pad"], draft_special=(1, 0))
     assert pairing_problem(*other_eos) == "special tokens differ (BOS 1 vs 1, EOS 0 vs 2)"
+
+
+def test_the_catalogues_models_of_one_vocabulary_are_exactly_those_that_pair(smol_path, gemma_path):
+    """The setup scripts refuse a --draft by the catalogue's `vocabulary`, before building
+    anything: it must say what the files do. Every fetched pair (the Qwen two where fetched)."""
+    fetched = {name: path for name in catalogue.specs() if (path := catalogue.local_path(name))}
+    assert {smol_path, gemma_path} <= set(fetched.values())
+    infos = {name: read_gguf(path) for name, path in fetched.items()}
+    for draft, target in itertools.permutations(infos, 2):
+        same = catalogue.spec(draft).vocabulary == catalogue.spec(target).vocabulary
+        assert (pairing_problem(infos[draft], infos[target]) is None) == same, (draft, target)

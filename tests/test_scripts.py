@@ -148,6 +148,41 @@ def test_a_model_not_in_the_catalogue_is_refused_before_any_step(script, flag, s
     assert "qwen2.5-coder-0.5b" in done.stderr and files_under(tmp_path) == before
 
 
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+@pytest.mark.parametrize(
+    "args, refused",
+    [
+        (
+            ["--draft", "smollm2-135m"],
+            "smollm2-135m cannot draft for qwen2.5-coder-1.5b (the "
+            "default target): their vocabularies differ (smollm2, qwen2.5)",
+        ),
+        (
+            ["--target", "gemma3-270m", "--draft", "qwen2.5-coder-0.5b"],
+            "qwen2.5-coder-0.5b "
+            "cannot draft for gemma3-270m: their vocabularies differ (qwen2.5, gemma3)",
+        ),
+    ],
+)
+def test_a_draft_of_another_vocabulary_is_refused_before_any_step(
+    script, args, refused, sandbox, tmp_path
+):
+    """Found out at the first run, the mismatch would come after half an hour of building."""
+    before = files_under(tmp_path)
+    done = run_script(script, *args, env=sandbox)  # not a dry run: nothing may start
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"error: --draft {refused}\n" and files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("script", SETUP_SCRIPTS)
+@pytest.mark.parametrize(
+    "args", [["--draft", "qwen2.5-coder-0.5b"], ["--target", "smollm2-135m", "--draft", "none"]]
+)
+def test_a_draft_of_the_targets_vocabulary_passes_the_check(script, args, sandbox):
+    done = run_script(script, "--dry-run", *args, env=sandbox)
+    assert "vocabularies differ" not in done.stderr and "would run:" in done.stdout
+
+
 def test_the_termux_build_turns_openmp_off(sandbox):
     done = run_script("termux-setup.sh", "--dry-run", env=sandbox)
     assert "-DGGML_OPENMP=OFF" in done.stdout
