@@ -44,8 +44,9 @@ def _fail(message: str, exit_code: int = 1) -> NoReturn:
 
 @models_app.command("list")
 def list_models() -> None:
-    """Show every catalogue model: size, whether it is fetched, the room taken by the copies
-    edgespec made of it (a draft's faster forms), what it is."""
+    """Show every catalogue model: size, whether it is fetched, its vocabulary (models of one
+    pair as draft and target), the room taken by the copies edgespec made of it (a draft's faster
+    forms), what it is."""
     # A line a model and its description under it, not a table: a phone's terminal (40-60
     # columns) squeezed a table's description column to a few letters a line.
     console = Console(highlight=False)
@@ -55,7 +56,8 @@ def list_models() -> None:
         # A draft's copies (made on first use) can take more room than the draft itself.
         copies = sum(map(_size, catalogue.made_from(model_file(s.name))))
         made = f", copies made of it {copies / 2**20:.0f} MiB" if copies else ""
-        head = f"{s.name}  {s.size / 2**20:.0f} MiB, {state}{made}"
+        # What it pairs with: a draft and its target share a vocabulary.
+        head = f"{s.name}  {s.size / 2**20:.0f} MiB, {state}, vocabulary {s.vocabulary}{made}"
         head = textwrap.fill(head, width, subsequent_indent="    ")
         line = Text(head)
         line.stylize("bold", 0, len(s.name))

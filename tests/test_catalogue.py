@@ -287,6 +287,7 @@ def test_models_list_shows_every_model_and_whether_it_is_fetched():
     assert fetched == {**dict.fromkeys(EXPECTED_SIZES, "not fetched"), "gemma3-270m": "fetched"}
     for name, (head, _) in models.items():
         assert head.startswith(f"{catalogue.spec(name).size / 2**20:.0f} MiB, ")
+        assert head.split(", ")[2] == f"vocabulary {catalogue.spec(name).vocabulary}"
 
 
 @pytest.mark.parametrize("columns", [40, 60, 100])
@@ -294,7 +295,7 @@ def test_models_list_reads_whole_on_a_phone_s_narrow_terminal(columns):
     # A table's description column came out a few letters a line, its headers cut ("fet…").
     for name, (head, description) in listed(columns).items():
         assert description.split() == catalogue.spec(name).description.split()
-        assert head.endswith("not fetched")
+        assert head.endswith(f"not fetched, vocabulary {catalogue.spec(name).vocabulary}")
 
 
 def copies_of(model: Path) -> list[Path]:
@@ -323,7 +324,7 @@ def test_made_from_names_every_copy_edgespec_makes_of_a_model_and_nothing_else()
 def test_models_list_shows_the_room_the_copies_of_a_model_take():
     copies_of(fake_fetched("qwen2.5-coder-0.5b"))  # 1 + 2 + ... + 7 MiB
     head, _ = listed(60)["qwen2.5-coder-0.5b"]
-    assert head.endswith(" MiB, fetched, copies made of it 28 MiB")
+    assert head.endswith(" MiB, fetched, vocabulary qwen2.5, copies made of it 28 MiB")
 
 
 def test_models_rm_deletes_a_model_and_its_copies_and_says_the_room_freed():
@@ -348,7 +349,7 @@ def test_a_link_to_nothing_among_the_models_is_listed_around_and_removed(tmp_pat
     gone = narrowed_path(draft)
     gone.symlink_to(tmp_path / "unmounted" / gone.name)
     head, _ = listed()["qwen2.5-coder-0.5b"]
-    assert head.endswith(" MiB, fetched")
+    assert head.endswith(" MiB, fetched, vocabulary qwen2.5")
     result = run("rm", "qwen2.5-coder-0.5b")
     assert result.exit_code == 0, result.stderr
     assert not gone.is_symlink() and not draft.exists()
