@@ -1597,8 +1597,9 @@ class Engine:
         of each model in turn, the fastest of each. Another program's load only adds time, and
         the fastest is each model's step when it had the cores: beside a busy core, SmolLM2
         against a Q2_K copy of itself (0.80 on a quiet machine) came out at 0.60-1.01 so in 20
-        runs, 0.12-2.9 from the medians of the later halves, and 0.03-10.8 as the median draft
-        step over the answer's first plain step, as it was timed before (2026-11-30). The
+        runs, 0.12-2.9 from the medians of the later halves, and 0.03-1.4 as it was timed
+        before, the median draft step over the answer's first plain step (0.06-10.8 in ten
+        other runs; 2026-11-30). The
         draft's evaluations of committed tokens it lacked stay in its cache, as its next
         catching up would have put them; its others and all the target's are removed (and not
         counted among its passes). None where a context has no room left."""

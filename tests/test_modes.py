@@ -844,7 +844,8 @@ def test_a_draft_step_timed_while_another_program_holds_the_cores_is_timed_at_it
     """Another program's load only adds time: beside a busy core, SmolLM2's steps took 5-190 ms
     where they take 5-7. The draft is timed against the target at the fastest step of each:
     with two in three of its steps held back, a draft alike in size to the target still costs
-    about a target step (as the median step over the answer's first plain step, 3-10 of them)."""
+    about a target step (6.2 of them as it was timed before, its median step over the answer's
+    first plain step; 6.1 from the medians of each model's later steps)."""
     import time
 
     import edgespec
