@@ -1599,10 +1599,9 @@ class Engine:
         against a Q2_K copy of itself (0.80 on a quiet machine) came out at 0.60-1.01 so in 20
         runs, 0.12-2.9 from the medians of the later halves, and 0.03-1.4 as it was timed
         before, the median draft step over the answer's first plain step (0.06-10.8 in ten
-        other runs; 2026-11-30). The
-        draft's evaluations of committed tokens it lacked stay in its cache, as its next
-        catching up would have put them; its others and all the target's are removed (and not
-        counted among its passes). None where a context has no room left."""
+        other runs; 2026-11-30). The draft's evaluations of committed tokens it lacked stay in
+        its cache, as its next catching up would have put them; its others and all the target's
+        are removed (and not counted among its passes). None where a context has no room left."""
         draft_ctx, target_ctx = self.draft_ctx, self.target_ctx
         assert draft_ctx is not None
         start, root, held = run.draft_cached, len(run.tokens) - 1, run.target_cached

@@ -207,9 +207,6 @@ class Costs:
     draft_rounds: int = 0
     # That estimate in target steps, kept when timed steps replace it (AutoPolicy.model_ceiling).
     draft_estimate: float | None = None
-    # Whether draft_s is that estimate, a share of a target step, and so follows the plain step
-    # as it is timed (record_step); not once a draft step has been timed.
-    draft_follows_step: bool = False
     # Each timed draft step over the plain step as timed then: the draft's cost in target steps.
     # The ratio of the two averages at the end is not: here chains timed in a slow minute (a
     # step 36 ms, a draft step 9.5) over steps timed after it (24 ms) made 0.39, not 0.26; the
@@ -224,7 +221,6 @@ class Costs:
         self.draft_s.update(seconds)
         if self.step_s.value is not None:
             self.draft_estimate = self.draft_s.value / self.step_s.value
-        self.draft_follows_step = self.draft_estimate is not None
 
     def record_draft_step(self, seconds: float) -> None:
         """A draft step timed while generating. The first replaces the estimate: averaged in at
@@ -234,7 +230,6 @@ class Costs:
             self.draft_s.value = None
         self.draft_s.update(seconds)
         self.draft_rounds += 1
-        self.draft_follows_step = False
         if self.step_s.value is not None:
             self.draft_steps.update(seconds / self.step_s.value)
 
@@ -286,7 +281,7 @@ class Costs:
         # step, which a passing load had made 62 ms where the next took 14 here, catching the
         # draft up looked four times dearer than it was for the whole answer, and no try came
         # (beside a busy core, 2026-11-30).
-        if self.draft_follows_step and self.draft_estimate is not None:
+        if not self.draft_rounds and self.draft_estimate is not None:
             self.draft_s.value = self.draft_estimate * self.step_s.value
         factor = self.batch_factor.value
         if factor is not None:
