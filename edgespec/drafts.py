@@ -32,7 +32,7 @@ from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
 from .errors import ModelFileError
 from .files import written_into_place
-from .profile import alternating_steps, measuring_alone
+from .profile import fastest_steps, measuring_alone
 
 CHEAP_TYPE = "Q4_0"
 # Copies an earlier edgespec made, with llama.cpp's default output matrix: removed when the
@@ -162,10 +162,10 @@ def narrow(src: Path, dst: Path, n_keep: int = HEAD_TOKENS) -> None:
 
 
 def step_seconds(paths: list[Path], n_threads: int) -> dict[Path, float]:
-    """Median time of one plain decode step of each model, measured in alternation."""
+    """Seconds of one plain decode step of each model, the fastest of steps taken in turns."""
     contexts = [Context(Model(p), n_ctx=256, n_threads=n_threads) for p in paths]
     try:
-        return dict(zip(paths, alternating_steps(contexts), strict=True))
+        return dict(zip(paths, fastest_steps(contexts), strict=True))
     finally:
         for ctx in contexts:
             ctx.close()

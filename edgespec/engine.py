@@ -55,7 +55,7 @@ from .profile import (
     NOISY_QUICK,
     AutoMemory,
     DeviceProfile,
-    alternating_steps,
+    fastest_steps,
     load_auto_memory,
     load_batch_factor,
     load_pipeline_speedup,
@@ -66,6 +66,7 @@ from .profile import (
     save_auto_memory,
     save_batch_factor,
     save_profile,
+    steps_in_turns,
 )
 from .sampling import (
     RowsOnDemand,
@@ -598,11 +599,11 @@ class Engine:
         return apart.total_seconds() <= PROFILES_TOGETHER_S
 
     def _time_draft_cost(self) -> None:
-        """Time a step of each model now, in alternation (a change of load hits both alike), and
-        remember their ratio for auto mode: a draft step in target steps."""
+        """Time a step of each model now, in turns, the fastest of each (profile.fastest_steps),
+        and remember their ratio for auto mode: a draft step in target steps."""
         assert self.draft_ctx is not None and self._arms_key is not None
         try:
-            target_s, draft_s = alternating_steps([self.target_ctx, self.draft_ctx], repeats=4)
+            target_s, draft_s = fastest_steps([self.target_ctx, self.draft_ctx], turns=12)
         finally:  # the timing cleared both contexts, even one cut short
             self._clear_caches()
         cost = draft_s / target_s
@@ -1608,15 +1609,17 @@ class Engine:
         if start + DRAFT_TIMING_STEPS >= self.n_ctx or held + 1 >= self.n_ctx:
             return None
         target_token = run.tokens[min(held, root)]
-        draft_s, target_s = [], []
-        for pos in range(start, start + DRAFT_TIMING_STEPS):
-            t0 = time.perf_counter()
+        positions = iter(range(start, start + DRAFT_TIMING_STEPS))
+
+        def draft_step() -> None:
+            pos = next(positions)
             draft_ctx.decode([run.tokens[min(pos, root)]], pos)
-            t1 = time.perf_counter()
+
+        def target_step() -> None:
             target_ctx.decode([target_token], held)
-            target_s.append(time.perf_counter() - t1)
             target_ctx.seq_rm(0, held)
-            draft_s.append(t1 - t0)
+
+        draft_s, target_s = steps_in_turns([draft_step, target_step], DRAFT_TIMING_STEPS)
         caught_up = min(DRAFT_TIMING_STEPS, root - start)
         draft_ctx.seq_rm(0, start + caught_up)
         run.draft_cached = start + caught_up

@@ -16,7 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import cached_property
@@ -641,16 +641,48 @@ def faster_attention(with_flash_s: float, without_s: float) -> bool:
     return without_s >= with_flash_s * (1.0 - ATTENTION_MARGIN)
 
 
-def alternating_steps(
-    contexts: Sequence[Context], rounds: int = 3, repeats: int = 8
-) -> list[float]:
-    """Median seconds of one plain decode step of each context, measured in turns, `rounds`
-    times round: a change of the machine's load while measuring hits all of them alike."""
-    times: list[list[float]] = [[] for _ in contexts]
-    for _ in range(rounds):
-        for ctx, samples in zip(contexts, times, strict=True):
-            samples.append(measure_curve(ctx, ks=[1], repeats=repeats, context_tokens=32)[1])
-    return [statistics.median(samples) for samples in times]
+def steps_in_turns(steps: Sequence[Callable[[], object]], turns: int) -> list[list[float]]:
+    """Seconds each of `steps` took, called in turn `turns` times round: [per step: times]."""
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(turns):
+        for step, samples in zip(steps, times, strict=True):
+            _stop_if_asked()
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+    return times
+
+
+def fastest_steps(contexts: Sequence[Context], turns: int = 24) -> list[float]:
+    """Seconds of one plain decode step of each context: the fastest of `turns`, one step of each
+    context in turn, each at the same position after a short prefix (and removed again).
+
+    Another program's load only adds time, so the fastest step is each context's own when it
+    had the cores; the medians of rounds of eight steps, as they were timed before, were not.
+    Beside a busy core (a shell loop on one of the two CPUs here), the Qwen 0.5B draft narrowed
+    against its whole Q4_0 copy (0.82-0.83 on a quiet machine): 0.72-1.11 in eight timings, the
+    medians 0.22-4.8. Where no step of two threads had both cores (the 1.5B target against the
+    draft, 0.26 quiet) the fastest came out low too, 0.07-0.23 (medians 0.13-0.64): a draft
+    priced too cheap is tried and its rounds time it, one priced too dear may never be
+    (2026-11-30). In turn, each step pays for what the other evicted from the caches, as a
+    draft step after a verification does (quiet: 0.26, where rounds of eight gave 0.22)."""
+    prefix = np.random.default_rng(SHUFFLE_SEED).integers(0, 256, size=33).tolist()
+
+    def step(ctx: Context) -> Callable[[], None]:
+        def one() -> None:
+            ctx.decode(prefix[-1:], len(prefix) - 1)
+            ctx.seq_rm(0, len(prefix) - 1)
+
+        return one
+
+    with ExitStack() as fixed:
+        for ctx in contexts:  # the threads each context was made with, whatever its governor
+            fixed.enter_context(ctx.fixed_threads())
+            ctx.clear()
+            ctx.decode(prefix[:-1], 0, logits="none")
+        # The first step of each pays for cold buffers: a warm-up, not counted.
+        times = steps_in_turns([step(ctx) for ctx in contexts], turns + 1)
+    return [min(samples[1:]) for samples in times]
 
 
 def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:

@@ -605,14 +605,14 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     timed_together: list[float] = []  # each timing's draft step over target step
-    alternating_steps = edgespec.engine.alternating_steps
+    fastest_steps = edgespec.engine.fastest_steps
 
     def recording(contexts, **kwargs):
-        target_s, draft_s = alternating_steps(contexts, **kwargs)
+        target_s, draft_s = fastest_steps(contexts, **kwargs)
         timed_together.append(draft_s / target_s)
         return target_s, draft_s
 
-    monkeypatch.setattr(edgespec.engine, "alternating_steps", recording)
+    monkeypatch.setattr(edgespec.engine, "fastest_steps", recording)
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     engine.profile_if_missing()  # both measured together: their own ratio is trusted
     together = engine._draft_cost()

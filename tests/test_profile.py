@@ -6,6 +6,7 @@ than 1), never a tight bound.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ from edgespec.profile import (
     current_cpus,
     curve_from_times,
     faster_attention,
+    fastest_steps,
     load_auto_memory,
     load_batch_factor,
     load_pipeline_speedup,
@@ -116,6 +118,27 @@ def test_a_pass_over_32_tokens_costs_more_than_a_step(smol_path):
 def test_the_step_k_1_is_measured_even_when_not_asked_for(smol_ctx):
     curve = measure_curve(smol_ctx, ks=(8, 2), repeats=1, context_tokens=PREFIX)
     assert list(curve) == [1, 2, 8]
+
+
+def test_steps_timed_while_another_program_holds_the_cores_are_timed_at_their_own_cost(
+    smol_path, monkeypatch
+):
+    """Another program's load only adds time: two of every three steps of one context are held
+    back, yet its step costs about the other's, the same model's. (As two models' steps were
+    timed before, the medians of each one's rounds of eight, it came out at 7.3.)"""
+    model = Model(smol_path)
+    one, other = (Context(model, n_ctx=256, n_threads=2) for _ in range(2))
+    decode, calls = other.decode, itertools.count()
+
+    def held_back(*args, **kwargs):
+        if next(calls) % 3:
+            time.sleep(0.03)  # the other program had the core
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(other, "decode", held_back)
+    one_s, other_s = fastest_steps([one, other])
+    assert 1 / 3 < other_s / one_s < 2
+    assert one.seq_pos_max(0) == other.seq_pos_max(0)  # each step removed again
 
 
 def test_a_batch_that_does_not_fit_the_context_is_refused_before_measuring(smol_ctx):
