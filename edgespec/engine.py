@@ -533,7 +533,7 @@ class Engine:
         # Profiles from different hours do not tell what a draft step costs in target steps:
         # time both now, unless an earlier run on this device already did.
         unknown = measured_now or self._memory.draft_cost is None
-        if self.draft_ctx is not None and unknown and not self._profiles_together():
+        if self.draft_ctx is not None and unknown and not self._profiles_ratio_holds():
             with self._alone():
                 self._time_draft_cost()
 
@@ -586,11 +586,17 @@ class Engine:
         self.relative_cost: Callable[[int], float] = profile.relative if profile else _default_curve
         self.pass_sizes = tuple(profile.ks) if profile else DEFAULT_SIZES
 
-    def _profiles_together(self) -> bool:
-        """Whether the two models' profiles were measured together, under the same load. Here a
-        plain step took 64 ms in one hour and 50 ms in the next: a new draft's profile over a
-        target's from another hour made a draft step look 0.23 of a target step, not 0.30."""
+    def _profiles_ratio_holds(self) -> bool:
+        """Whether the two models' profiles tell what a draft step costs in target steps: they
+        were measured together, under the same load, and on a quiet device. Here a plain step
+        took 64 ms in one hour and 50 ms in the next: a new draft's profile over a target's from
+        another hour made a draft step look 0.23 of a target step, not 0.30. And two quick
+        profiles measured beside a busy core made a Q4_0 copy of SmolLM2 0.61-0.72 of its step
+        (0.18 once), where it is 0.75: kept as the device's, no later run would have timed it
+        again. Their noise told (0.27-0.95 each, 0.03-0.05 quiet; NOISY_QUICK)."""
         if self.profile is None or self.draft_profile is None:
+            return False
+        if max(self.profile.noise, self.draft_profile.noise) > NOISY_QUICK:
             return False
         apart = abs(
             datetime.fromisoformat(self.profile.measured_at)
@@ -612,13 +618,13 @@ class Engine:
 
     def _draft_cost(self) -> float | None:
         """A draft step in target steps, as known before this generation times one: the stored
-        profiles' ratio where they were measured together (their ratio, not their seconds: the
+        profiles' ratio where it holds (_profiles_ratio_holds; their ratio, not their seconds: the
         machine's load may have changed since, and it changes both models alike); else what was
         timed together, on first use or in an earlier run; else the profiles' ratio anyway."""
         ratio = None
         if self.profile is not None and self.draft_profile is not None:
             ratio = self.draft_profile.step_s / self.profile.step_s
-            if self._profiles_together():
+            if self._profiles_ratio_holds():
                 return ratio
         return self._memory.draft_cost if self._memory.draft_cost is not None else ratio
 
@@ -1572,7 +1578,7 @@ class Engine:
         gate for model drafts (policy.models_can_pay): then no draft round comes to measure it
         again, in this run or the next. So where that shuts the gate, a draft step is timed now
         against a target step, once per engine, and remembered. (Not where the two models'
-        profiles were measured together: their ratio is the device's, whatever its load.)"""
+        profiles were measured together on a quiet device: their ratio is the device's.)"""
         costs = run.costs
         costs.step_s.update(step_s)
         relative = self._draft_cost()
@@ -1581,7 +1587,7 @@ class Engine:
         policy = run.policy
         if self._draft_step_timed or policy is None or not policy.arms:
             return
-        if relative is None or self._profiles_together() or policy.models_can_pay():
+        if relative is None or self._profiles_ratio_holds() or policy.models_can_pay():
             return
         self._draft_step_timed = True
         relative = self._time_draft_step(run)
