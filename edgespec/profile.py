@@ -661,11 +661,12 @@ def fastest_steps(contexts: Sequence[Context], turns: int = 24) -> list[float]:
     had the cores; the medians of rounds of eight steps, as they were timed before, were not.
     Beside a busy core (a shell loop on one of the two CPUs here), the Qwen 0.5B draft narrowed
     against its whole Q4_0 copy (0.82-0.83 on a quiet machine): 0.72-1.11 in eight timings, the
-    medians 0.22-4.8. Where no step of two threads had both cores (the 1.5B target against the
-    draft, 0.26 quiet) the fastest came out low too, 0.07-0.23 (medians 0.13-0.64): a draft
-    priced too cheap is tried and its rounds time it, one priced too dear may never be
-    (2026-11-30). In turn, each step pays for what the other evicted from the caches, as a
-    draft step after a verification does (quiet: 0.26, where rounds of eight gave 0.22)."""
+    medians of the same minutes 0.22-4.8; 0.52-0.88 in six more. Where no step of two threads
+    had both cores (the 1.5B target against the draft, 0.26 quiet) the fastest came out low
+    too, 0.07-0.23 (medians 0.13-0.64): a draft priced too cheap is tried and its rounds time
+    it, one priced too dear may never be (2026-11-30). In turn, each step pays for what the
+    other evicted from the caches, as a draft step after a verification does (quiet: 0.26,
+    where rounds of eight gave 0.22)."""
     prefix = np.random.default_rng(SHUFFLE_SEED).integers(0, 256, size=33).tolist()
 
     def step(ctx: Context) -> Callable[[], None]:
