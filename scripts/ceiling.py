@@ -142,7 +142,7 @@ def main() -> None:
     import edgespec
     from edgespec.bench import load_prompts
     from edgespec.policy import Costs
-    from edgespec.profile import alternating_steps
+    from edgespec.profile import fastest_steps
 
     run = json.loads(args.bench_json.read_text("utf-8"))
     settings = run["settings"]
@@ -154,7 +154,7 @@ def main() -> None:
     prices = Costs(engine.relative_cost, engine.pass_sizes)
     draft_cost = args.draft_cost
     if draft_cost is None and engine.draft_ctx is not None:
-        target_s, draft_s = alternating_steps([engine.target_ctx, engine.draft_ctx])
+        target_s, draft_s = fastest_steps([engine.target_ctx, engine.draft_ctx])
         draft_cost = draft_s / target_s
     sizes = ", ".join(f"{k}: {prices.relative(k):.2f}" for k in (2, 3, 4, 8, 16, 32))
     print(f"T(k)/T(1) {sizes}; a draft step {draft_cost or 0:.2f} target steps")
