@@ -60,6 +60,7 @@ NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy 
 # A quick profile's three rounds vary more on a quiet machine too (0.14 for SmolLM2's draft in
 # the test suite, alone); three processes started together made 0.32-0.57.
 NOISY_QUICK = 0.25
+BUSY_SPREAD = 1.1  # see timed_busy
 # How the stored curves are measured. 2: each pass paired with a plain step (curve_from_times).
 # Profiles measured otherwise (1: separate medians, T(2) 1.32 and 1.65 in two runs here) are
 # measured again rather than trusted.
@@ -654,8 +655,7 @@ def steps_in_turns(steps: Sequence[Callable[[], object]], turns: int) -> list[li
 
 
 def fastest_steps(contexts: Sequence[Context], turns: int = 24) -> list[float]:
-    """Seconds of one plain decode step of each context: the fastest of `turns`, one step of each
-    context in turn, each at the same position after a short prefix (and removed again).
+    """Seconds of one plain decode step of each context: the fastest of `timed_steps`.
 
     Another program's load only adds time, so the fastest step is each context's own when it
     had the cores; the medians of rounds of eight steps, as they were timed before, were not.
@@ -667,6 +667,12 @@ def fastest_steps(contexts: Sequence[Context], turns: int = 24) -> list[float]:
     it, one priced too dear may never be (2026-11-30). In turn, each step pays for what the
     other evicted from the caches, as a draft step after a verification does (quiet: 0.26,
     where rounds of eight gave 0.22)."""
+    return [min(samples) for samples in timed_steps(contexts, turns)]
+
+
+def timed_steps(contexts: Sequence[Context], turns: int = 24) -> list[list[float]]:
+    """Seconds of `turns` plain decode steps of each context, one step of each context in turn,
+    each at the same position after a short prefix (and removed again): [per context: times]."""
     prefix = np.random.default_rng(SHUFFLE_SEED).integers(0, 256, size=33).tolist()
 
     def step(ctx: Context) -> Callable[[], None]:
@@ -683,7 +689,15 @@ def fastest_steps(contexts: Sequence[Context], turns: int = 24) -> list[float]:
             ctx.decode(prefix[:-1], 0, logits="none")
         # The first step of each pays for cold buffers: a warm-up, not counted.
         times = steps_in_turns([step(ctx) for ctx in contexts], turns + 1)
-    return [min(samples[1:]) for samples in times]
+    return [samples[1:] for samples in times]
+
+
+def timed_busy(times: Sequence[Sequence[float]]) -> bool:
+    """Whether another program had the cores while `timed_steps` timed these steps: some
+    context's median step is more than BUSY_SPREAD times its fastest. Here 1.01-1.04 on a quiet
+    machine (the Qwen 0.5B draft's forms; SmolLM2 and a Q4_0 copy, one thread or two),
+    1.18-2.2 beside a busy core (the draft's forms, 2026-11-30)."""
+    return any(statistics.median(samples) > BUSY_SPREAD * min(samples) for samples in times)
 
 
 def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> DeviceProfile:

@@ -4,16 +4,21 @@ replaced."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
+import edgespec.drafts
+from edgespec.backend import Context
 from edgespec.draft_head import narrowed_path
 from edgespec.drafts import (
+    BUSY_TIMINGS,
     FASTER_BY,
     choice_path,
     copy_path,
@@ -23,8 +28,16 @@ from edgespec.drafts import (
 )
 from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
+from edgespec.profile import timed_busy
 
 from .helpers import tensor_types
+
+
+@pytest.fixture(autouse=True)
+def quiet_device(monkeypatch):
+    """The choice as made on a quiet device, whatever else runs beside these tests; what a busy
+    one changes is specified below, with its own load."""
+    monkeypatch.setattr(edgespec.drafts, "timed_busy", lambda times: False)
 
 
 def test_the_faster_form_is_measured_once_and_remembered(tmp_path, smol_path):
@@ -84,6 +97,67 @@ def test_a_record_made_on_another_cpu_is_timed_again_without_remaking_the_copies
     assert any("timing both forms" in line for line in said)
     assert not any("making" in line or "narrowing" in line for line in said)
     assert load_choice(draft, n_threads=1) == choice
+
+
+def test_forms_timed_while_other_programs_kept_the_cores_busy_are_timed_again_on_first_use(
+    tmp_path, smol_path, monkeypatch
+):
+    """Beside a busy core the narrowed Qwen draft came out at up to 1.11 of its base's step
+    (0.82-0.83 quiet): a choice timed so may be wrong, and kept, wrong for good. The next first
+    use times the forms again (nothing is made again), up to BUSY_TIMINGS times in a row; a
+    device that is always busy keeps the last."""
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    monkeypatch.setattr(edgespec.drafts, "timed_busy", timed_busy)  # told from the timings
+    decode, calls = Context.decode, itertools.count()
+
+    def held_back(self, *args, **kwargs):
+        if next(calls) % 3:
+            time.sleep(0.02)  # another program had the core
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "decode", held_back)
+    said: list[str] = []
+    choices = []
+    for timings in range(1, BUSY_TIMINGS + 1):
+        said.clear()
+        choices.append(fastest_draft(draft, n_threads=1, say=said.append))
+        assert choices[-1].busy_timings == timings
+        assert load_choice(draft, n_threads=1) == choices[-1]
+        assert any("timing both forms" in line for line in said)
+        assert timings == 1 or not any("making" in line or "narrowing" in line for line in said)
+        timed_again = any("timed again on the next run" in line for line in said)
+        assert timed_again == choices[-1].timed_again == (timings < BUSY_TIMINGS)
+    said.clear()
+    assert fastest_draft(draft, n_threads=1, say=said.append) == choices[-1]
+    assert said == []
+
+
+def test_a_choice_timed_on_a_busy_device_and_then_on_a_quiet_one_is_kept(
+    tmp_path, smol_path, monkeypatch
+):
+    draft = tmp_path / smol_path.name
+    shutil.copy(smol_path, draft)
+    monkeypatch.setattr(edgespec.drafts, "timed_busy", lambda times: True)
+    said: list[str] = []
+    busy = fastest_draft(draft, n_threads=1, say=said.append)
+    assert busy.timed_again
+    assert any("busy" in line and "timed again on the next run" in line for line in said)
+    monkeypatch.setattr(edgespec.drafts, "timed_busy", lambda times: False)
+    said.clear()
+    quiet = fastest_draft(draft, n_threads=1, say=said.append)
+    assert any("again (the device was busy the last time)" in line for line in said)
+    assert quiet.busy_timings == 0 and not quiet.timed_again
+    said.clear()
+    assert fastest_draft(draft, n_threads=1, say=said.append) == quiet
+    assert said == []
+
+
+def test_a_device_is_busy_while_timed_where_a_median_step_is_well_above_the_fastest():
+    quiet = [[0.0100, 0.0101, 0.0103, 0.0102], [0.0050, 0.0051, 0.0050, 0.0052]]
+    assert not timed_busy(quiet)  # within 1.01-1.04 of the fastest, as here when quiet
+    held_back = [quiet[0], [0.0050, 0.0250, 0.0251, 0.0052]]
+    assert timed_busy(held_back)
 
 
 def test_a_copy_from_an_older_edgespec_is_replaced_by_the_current_one(tmp_path, smol_path):
