@@ -596,6 +596,8 @@ class Engine:
         again. Their noise told (0.27-0.95 each, 0.03-0.05 quiet; NOISY_QUICK)."""
         if self.profile is None or self.draft_profile is None:
             return False
+        if self.draft_profile == self.profile:  # the draft is the target: a step is a step
+            return True
         if max(self.profile.noise, self.draft_profile.noise) > NOISY_QUICK:
             return False
         apart = abs(

@@ -613,6 +613,9 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
         return target_s, draft_s
 
     monkeypatch.setattr(edgespec.engine, "fastest_steps", recording)
+    # Measured together, the profiles are trusted here however busy the machine was meanwhile:
+    # the next test specifies what their noise changes.
+    monkeypatch.setattr(edgespec.engine, "NOISY_QUICK", float("inf"))
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     engine.profile_if_missing()  # both measured together: their own ratio is trusted
     together = engine._draft_cost()
@@ -713,6 +716,34 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
     later.profile_if_missing()
     assert len(timed_together) == 1  # known now
     assert later._draft_cost() == load_auto_memory(*key).draft_cost != pytest.approx(busy)
+
+
+def test_a_draft_that_is_the_target_costs_a_target_step_however_busy_its_profile_was(
+    smol_path, monkeypatch, tmp_path
+):
+    """One profile for both: timing the two beside a busy core could only make them differ (a
+    test drafting with the target itself drafted as if its steps were cheaper, there)."""
+    import dataclasses
+
+    import edgespec
+    import edgespec.engine
+    from edgespec.profile import NOISY_QUICK, save_profile
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_path, n_ctx=512)
+    engine.profile_if_missing()
+    save_profile(dataclasses.replace(engine.profile, noise=2 * NOISY_QUICK))
+    timings: list[object] = []
+
+    def timed(contexts, **kwargs):
+        timings.append(contexts)
+        return [1.0, 1.0]
+
+    monkeypatch.setattr(edgespec.engine, "fastest_steps", timed)
+    engine = edgespec.load(smol_path, smol_path, n_ctx=512)
+    engine.profile_if_missing()
+    assert engine.draft_profile == engine.profile and engine.profile.noise > NOISY_QUICK
+    assert engine._draft_cost() == 1.0 and timings == []
 
 
 def flat_device(engine, draft_cost: float) -> None:
