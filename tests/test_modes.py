@@ -589,6 +589,22 @@ def test_a_profile_measured_on_first_use_supersedes_the_passes_timed_without_one
     assert Engine(engine.target)._batch_factor is None  # nor for the next engine
 
 
+def recorded_draft_timings(monkeypatch) -> list[float]:
+    """Each time an engine times a draft step beside a target step: their ratio, in order."""
+    import edgespec.engine
+
+    timed_together: list[float] = []
+    fastest_steps = edgespec.engine.fastest_steps
+
+    def recording(contexts, **kwargs):
+        target_s, draft_s = fastest_steps(contexts, **kwargs)
+        timed_together.append(draft_s / target_s)
+        return target_s, draft_s
+
+    monkeypatch.setattr(edgespec.engine, "fastest_steps", recording)
+    return timed_together
+
+
 def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_from_another_hour(
     smol_path, smol_q4_0, monkeypatch, tmp_path
 ):
@@ -604,15 +620,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     from edgespec.profile import load_auto_memory, profile_path, profiles_dir, save_profile
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    timed_together: list[float] = []  # each timing's draft step over target step
-    fastest_steps = edgespec.engine.fastest_steps
-
-    def recording(contexts, **kwargs):
-        target_s, draft_s = fastest_steps(contexts, **kwargs)
-        timed_together.append(draft_s / target_s)
-        return target_s, draft_s
-
-    monkeypatch.setattr(edgespec.engine, "fastest_steps", recording)
+    timed_together = recorded_draft_timings(monkeypatch)
     # Measured together, the profiles are trusted here however busy the machine was meanwhile:
     # the next test specifies what their noise changes.
     monkeypatch.setattr(edgespec.engine, "NOISY_QUICK", float("inf"))
@@ -670,15 +678,7 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
     from edgespec.profile import NOISY_QUICK, load_auto_memory, profiles_dir, save_profile
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    timed_together: list[float] = []
-    fastest_steps = edgespec.engine.fastest_steps
-
-    def recording(contexts, **kwargs):
-        target_s, draft_s = fastest_steps(contexts, **kwargs)
-        timed_together.append(draft_s / target_s)
-        return target_s, draft_s
-
-    monkeypatch.setattr(edgespec.engine, "fastest_steps", recording)
+    timed_together = recorded_draft_timings(monkeypatch)
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     engine.profile_if_missing()
 
