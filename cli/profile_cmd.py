@@ -174,9 +174,10 @@ def profile(
             console.print(attention_line(measured), soft_wrap=True)
     for measured in profiles:
         if measured.noise > NOISY:
+            unused = "; until then auto prices passes by a default curve" if measured.busy else ""
             status.print(
                 f"warning: timings of {measured.model_file} varied by {measured.noise:.0%} "
-                "(a busy machine?); measure again when it is quiet",
+                f"(a busy machine?); measure again when it is quiet{unused}",
                 style="yellow",
                 soft_wrap=True,
             )

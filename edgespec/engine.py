@@ -52,10 +52,10 @@ from .policy import (
 )
 from .profile import (
     DEFAULT_RELATIVE,
-    NOISY_QUICK,
     AutoMemory,
     DeviceProfile,
     fastest_steps,
+    kept_profile,
     load_auto_memory,
     load_batch_factor,
     load_pipeline_speedup,
@@ -328,6 +328,12 @@ def catch_up_positions(
     return [*range(cached, min(sink, end - window)), *range(end - window, end)]
 
 
+def quiet(profile: DeviceProfile | None) -> DeviceProfile | None:
+    """A profile to price and govern by: not one measured on a busy device (its curve is the
+    load's as much as the device's: DeviceProfile.busy)."""
+    return profile if profile is not None and not profile.busy else None
+
+
 def _default_curve(k: int) -> float:
     """T(k)/T(1) where this device has no profile: a curve measured on a CPU like it."""
     return relative_cost(DEFAULT_RELATIVE, k)
@@ -508,19 +514,21 @@ class Engine:
         none, so that auto mode plans with this device's costs from its first round."""
         self._check_open()
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
-        measured_now = False
+        measured_now = first_measured = False
         if self.draft_ctx is not None:
             roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
         for role, ctx, n_threads, cpus in roles:
             # Looked up again: a draft that is the target's file was profiled just before.
             key = (ctx.model.path, n_threads, format_cpu_list(cpus), ctx.n_ctx)
             measured = load_profile(*key)
-            if measured is None:
+            if measured is None or measured.measured_again:
                 with measuring_alone(say), self._alone():
                     # Once more: a process that held the lock may have measured this model.
                     measured = load_profile(*key)
-                    if measured is None:
-                        measured = self._quick_profile(ctx, n_threads, format_cpu_list(cpus), say)
+                    if measured is None or measured.measured_again:
+                        first_measured = first_measured or measured is None
+                        cpu_list = format_cpu_list(cpus)
+                        measured = self._quick_profile(ctx, n_threads, cpu_list, say, measured)
                         measured_now = True
             if role == "target":
                 if measured_now:  # passes timed before are older than this curve
@@ -531,31 +539,48 @@ class Engine:
         if measured_now:
             self._govern()  # judged against what was just measured from now on
         # Profiles from different hours do not tell what a draft step costs in target steps:
-        # time both now, unless an earlier run on this device already did.
-        unknown = measured_now or self._memory.draft_cost is None
+        # time both now, unless an earlier run on this device already did. (A profile measured
+        # again after a busy first use is of the same device: what that run timed, and its
+        # draft rounds corrected since, stays.)
+        unknown = first_measured or self._memory.draft_cost is None
         if self.draft_ctx is not None and unknown and not self._profiles_ratio_holds():
             with self._alone():
                 self._time_draft_cost()
 
     def _quick_profile(
-        self, ctx: Context, n_threads: int, cpus: str, say: Callable[[str], None]
+        self,
+        ctx: Context,
+        n_threads: int,
+        cpus: str,
+        say: Callable[[str], None],
+        busy_before: DeviceProfile | None = None,
     ) -> DeviceProfile:
-        """Measure a quick profile of `ctx`'s model and keep it where it can be kept."""
-        say(
-            f"measuring how fast this device runs {ctx.model.path.name} (first use on "
-            "this CPU, or a profile from an older edgespec; seconds, or a minute on a "
-            "slow device; `edgespec profile` measures in full, and which attention is "
-            "faster)"
-        )
+        """Measure a quick profile of `ctx`'s model (again, where `busy_before` was measured on
+        a busy device: profile.kept_profile) and keep it where it can be kept."""
+        name = ctx.model.path.name
+        if busy_before is None:
+            say(
+                f"measuring how fast this device runs {name} (first use on "
+                "this CPU, or a profile from an older edgespec; seconds, or a minute on a "
+                "slow device; `edgespec profile` measures in full, and which attention is "
+                "faster)"
+            )
+        else:
+            say(f"measuring how fast this device runs {name} again (it was busy the last time)")
         try:
-            measured = quick_profile(ctx, n_threads, cpus)
+            measured = kept_profile(busy_before, quick_profile(ctx, n_threads, cpus))
         finally:  # the measurement cleared this context, even one cut short
             self._clear_caches()
-        if measured.noise > NOISY_QUICK:  # kept all the same: or each run measures
+        if measured.busy:  # kept all the same: it is measured again or, busy each time, kept
+            then = (
+                "measured again on the next run"
+                if measured.measured_again
+                else "`edgespec profile` measures it again once the device is quiet"
+            )
             say(
-                f"(the device was busy while measuring: {ctx.model.path.name}'s timings "
-                f"varied by {measured.noise:.0%}; `edgespec profile` measures it again "
-                "once the device is quiet)"
+                f"(the device was busy while measuring: {name}'s timings varied by "
+                f"{measured.noise:.0%}; until it is measured quiet, auto prices passes by "
+                f"a default curve; {then})"
             )
         try:
             save_profile(measured)
@@ -565,11 +590,13 @@ class Engine:
 
     def _govern(self) -> None:
         """A thread governor for each model, judging its decodes against its profile (its
-        step on a quiet device, its curve), or, without one, the fastest steps it has seen."""
+        step on a quiet device, its curve), or, without one measured quiet, the fastest steps it
+        has seen."""
         if not self.adapt_threads:
             return
-        for ctx, profile in ((self.target_ctx, self.profile), (self.draft_ctx, self.draft_profile)):
+        for ctx, stored in ((self.target_ctx, self.profile), (self.draft_ctx, self.draft_profile)):
             if ctx is not None:
+                profile = quiet(stored)
                 governor = ctx.governor or ThreadGovernor(ctx.max_threads)
                 governor.reference_s = profile.step_s if profile else None
                 ctx.govern(governor, profile.relative if profile else _default_curve)
@@ -579,10 +606,12 @@ class Engine:
         contexts = (self.target_ctx, self.draft_ctx)
         return sum(c.governor.switches for c in contexts if c is not None and c.governor)
 
-    def _price_passes_by(self, profile: DeviceProfile | None) -> None:
+    def _price_passes_by(self, stored: DeviceProfile | None) -> None:
         """The target's profile, and what auto prices its passes with: the profile's curve at
-        the sizes it measured (policy.Costs.sizes), else the default curve."""
-        self.profile = profile
+        the sizes it measured (policy.Costs.sizes), else (none, or one measured busy) the
+        default curve."""
+        self.profile = stored
+        profile = quiet(stored)
         self.relative_cost: Callable[[int], float] = profile.relative if profile else _default_curve
         self.pass_sizes = tuple(profile.ks) if profile else DEFAULT_SIZES
 
@@ -598,7 +627,7 @@ class Engine:
             return False
         if self.draft_profile == self.profile:  # the draft is the target: a step is a step
             return True
-        if max(self.profile.noise, self.draft_profile.noise) > NOISY_QUICK:
+        if self.profile.busy or self.draft_profile.busy:
             return False
         apart = abs(
             datetime.fromisoformat(self.profile.measured_at)
@@ -1643,8 +1672,8 @@ class Engine:
         behind = len(catch_up_positions(run.draft_cached, len(run.tokens))) - 1
         if draft_s is None or behind <= 0:
             return 0.0
-        if self.draft_profile:
-            per_token = self.draft_profile.relative(CATCH_UP_BATCH) / CATCH_UP_BATCH
+        if draft_profile := quiet(self.draft_profile):
+            per_token = draft_profile.relative(CATCH_UP_BATCH) / CATCH_UP_BATCH
         else:
             per_token = relative_cost(DEFAULT_RELATIVE, CATCH_UP_BATCH) / CATCH_UP_BATCH
         return behind * draft_s * per_token

@@ -60,6 +60,12 @@ NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy 
 # A quick profile's three rounds vary more on a quiet machine too (0.14 for SmolLM2's draft in
 # the test suite, alone); three processes started together made 0.32-0.57.
 NOISY_QUICK = 0.25
+# A first-use profile measured busier than NOISY_QUICK is measured again on the next first use,
+# until this many such measurements in a row (a device that is always busy keeps the least
+# noisy). Beside a busy core here, six quick profiles of the 1.5B target (noise 0.35-0.77) put a
+# step at 63-178 ms and T(32) at 3.4-17.9 steps, where four quiet ones (noise 0.02-0.03) agreed
+# on 26.5 ms and 9.1: kept, such a curve priced every later run's passes.
+BUSY_PROFILES = 3
 BUSY_SPREAD = 1.1  # see timed_busy
 # How the stored curves are measured. 2: each pass paired with a plain step (curve_from_times).
 # Profiles measured otherwise (1: separate medians, T(2) 1.32 and 1.65 in two runs here) are
@@ -255,11 +261,26 @@ class DeviceProfile:
     flash_attn: bool | None = None
     # Seconds of a plain step and a pass of ATTENTION_K tokens: [with flash attention, without].
     attention_s: list[float] | None = None
+    # First-use measurements in a row that found the device busy, this one's included (see
+    # kept_profile); 0 for a quiet one.
+    busy_measurements: int = 0
 
     @property
     def quick(self) -> bool:
         """Measured at the quick sizes only (first use, --quick): a full profile knows more."""
         return set(self.ks) <= set(QUICK_KS)
+
+    @property
+    def busy(self) -> bool:
+        """Measured while other programs kept the cores busy: its timings are the load's as much
+        as the device's, so it neither prices passes nor governs threads (engine.Engine)."""
+        return self.noise > NOISY_QUICK
+
+    @property
+    def measured_again(self) -> bool:
+        """Whether the next first use measures it again: a busy first-use profile, until
+        BUSY_PROFILES of them in a row (one an older edgespec stored counts as one)."""
+        return self.quick and self.busy and self.busy_measurements < BUSY_PROFILES
 
     @property
     def step_s(self) -> float:
@@ -300,6 +321,7 @@ class DeviceProfile:
             method=int(data.get("method", 1)),
             flash_attn=data.get("flash_attn"),
             attention_s=data.get("attention_s"),
+            busy_measurements=int(data.get("busy_measurements", 0)),
         )
         if profile.flash_attn not in (None, True, False):
             raise ValueError("flash_attn must be true, false or absent")
@@ -716,6 +738,18 @@ def quick_profile(ctx: Context, n_threads: int, cpus: str | None = None) -> Devi
         context_tokens=prefix,
         budget_s=QUICK_BUDGET_S,
     )
+
+
+def kept_profile(before: DeviceProfile | None, measured: DeviceProfile) -> DeviceProfile:
+    """What a first use keeps of `measured`, taken where `before` was measured busy (else None):
+    a quiet measurement as it is; a busy one counted as one more busy measurement in a row, and
+    of the two busy ones the less noisy."""
+    if not measured.busy:
+        return replace(measured, busy_measurements=0)
+    if before is None or not before.busy:
+        return replace(measured, busy_measurements=1)
+    quieter = measured if measured.noise <= before.noise else before
+    return replace(quieter, busy_measurements=max(before.busy_measurements, 1) + 1)
 
 
 def profile_model(

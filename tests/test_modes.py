@@ -615,7 +615,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     import dataclasses
 
     import edgespec
-    import edgespec.engine
+    import edgespec.profile
     from edgespec.cores import format_cpu_list
     from edgespec.profile import load_auto_memory, profile_path, profiles_dir, save_profile
 
@@ -623,7 +623,7 @@ def test_a_new_drafts_cost_is_timed_beside_the_target_not_read_off_a_profile_fro
     timed_together = recorded_draft_timings(monkeypatch)
     # Measured together, the profiles are trusted here however busy the machine was meanwhile:
     # the next test specifies what their noise changes.
-    monkeypatch.setattr(edgespec.engine, "NOISY_QUICK", float("inf"))
+    monkeypatch.setattr(edgespec.profile, "NOISY_QUICK", float("inf"))
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
     engine.profile_if_missing()  # both measured together: their own ratio is trusted
     together = engine._draft_cost()
@@ -674,7 +674,13 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
     import dataclasses
 
     import edgespec
-    from edgespec.profile import NOISY_QUICK, load_auto_memory, profiles_dir, save_profile
+    from edgespec.profile import (
+        BUSY_PROFILES,
+        NOISY_QUICK,
+        load_auto_memory,
+        profiles_dir,
+        save_profile,
+    )
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     timed_together = recorded_draft_timings(monkeypatch)
@@ -689,6 +695,7 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
             seconds=[draft_scale * t for t in engine.draft_profile.seconds],
             measured_at=target.measured_at,
             noise=noise,
+            busy_measurements=BUSY_PROFILES,  # not measured again: kept as it is
         )
         save_profile(target)
         save_profile(draft)
@@ -717,6 +724,38 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
     assert later._draft_cost() == load_auto_memory(*key).draft_cost != pytest.approx(busy)
 
 
+def test_profiles_measured_again_after_a_busy_first_use_keep_the_draft_cost_it_learnt(
+    smol_path, smol_q4_0, monkeypatch, tmp_path
+):
+    """Measuring a busy first use's profiles again is of the same device: the draft's cost that
+    run timed beside the target, and its draft rounds corrected since, is not timed over."""
+    import dataclasses
+
+    import edgespec
+    import edgespec.engine
+    from edgespec.profile import NOISY_QUICK, load_auto_memory, save_auto_memory
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    quick = edgespec.engine.quick_profile
+    monkeypatch.setattr(
+        edgespec.engine,
+        "quick_profile",
+        lambda *a: dataclasses.replace(quick(*a), noise=2 * NOISY_QUICK),
+    )
+    timed_together = recorded_draft_timings(monkeypatch)
+    engine = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    engine.profile_if_missing()  # busy: the two profiles do not price the draft
+    assert len(timed_together) == 1
+    learnt = dataclasses.replace(engine._memory, draft_cost=0.6)  # as draft rounds corrected it
+    save_auto_memory(*engine._arms_key, learnt)
+    said: list[str] = []
+    again = edgespec.load(smol_path, smol_q4_0, n_ctx=512)
+    again.profile_if_missing(say=said.append)
+    assert sum("again (it was busy the last time)" in line for line in said) == 2
+    assert len(timed_together) == 1 and again._draft_cost() == 0.6
+    assert load_auto_memory(*again._arms_key).draft_cost == 0.6
+
+
 def test_a_draft_that_is_the_target_costs_a_target_step_however_busy_its_profile_was(
     smol_path, monkeypatch, tmp_path
 ):
@@ -727,12 +766,14 @@ def test_a_draft_that_is_the_target_costs_a_target_step_however_busy_its_profile
 
     import edgespec
     import edgespec.engine
-    from edgespec.profile import NOISY_QUICK, save_profile
+    from edgespec.profile import BUSY_PROFILES, NOISY_QUICK, save_profile
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     engine = edgespec.load(smol_path, smol_path, n_ctx=512)
     engine.profile_if_missing()
-    save_profile(dataclasses.replace(engine.profile, noise=2 * NOISY_QUICK))
+    # Busy each time it was measured: kept, not measured again.
+    noisy = 2 * NOISY_QUICK
+    save_profile(dataclasses.replace(engine.profile, noise=noisy, busy_measurements=BUSY_PROFILES))
     timings: list[object] = []
 
     def timed(contexts, **kwargs):

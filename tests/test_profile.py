@@ -27,13 +27,15 @@ from edgespec.cli.app import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from edgespec.cli.profile_cmd import profile
 from edgespec.cores import cpu_identity, format_cpu_list, plan_placement
 from edgespec.drafts import DraftChoice, choice_path, copy_path
-from edgespec.engine import MAX_NGRAM_DRAFT
+from edgespec.engine import DEFAULT_SIZES, MAX_NGRAM_DRAFT
 from edgespec.errors import BadSettingError
 from edgespec.files import exclusive
 from edgespec.profile import (
     ATTENTION_MARGIN,
+    BUSY_PROFILES,
     DEFAULT_RELATIVE,
     FULL_KS,
+    NOISY_QUICK,
     PROFILE_METHOD,
     QUICK_KS,
     AutoMemory,
@@ -42,6 +44,7 @@ from edgespec.profile import (
     curve_from_times,
     faster_attention,
     fastest_steps,
+    kept_profile,
     load_auto_memory,
     load_batch_factor,
     load_pipeline_speedup,
@@ -549,6 +552,20 @@ def test_a_draft_that_is_the_target_measured_once_is_spoken_of_once(
     assert sum("attention" in line and smol_path.name in line for line in lines) == 1
 
 
+@pytest.mark.parametrize("noise_, unused", [(0.15, False), (0.5, True)])
+def test_a_profile_measured_too_busy_to_price_passes_says_so(
+    home, runner_app, smol_path, monkeypatch, noise_, unused
+):
+    """Above NOISY the warning asks for a quiet measurement; above NOISY_QUICK auto does not
+    price passes by it either (DeviceProfile.busy), and the warning says that too."""
+    measured = a_profile(smol_path, noise=noise_)
+    monkeypatch.setattr("edgespec.cli.profile_cmd.profile_model", lambda *a, **k: measured)
+    result = CliRunner().invoke(runner_app, ["profile", "-m", str(smol_path), "-t", "2"])
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.output.splitlines() if "varied by" in line)
+    assert ("auto prices passes by a default curve" in warning) == unused
+
+
 def test_with_no_model_named_profile_measures_the_draft_run_would_use(
     home, runner_app, smol_path, tmp_path, monkeypatch
 ):
@@ -789,6 +806,101 @@ def test_a_first_use_profile_measured_on_a_busy_device_says_so(home, smol_path, 
     engine.profile_if_missing(say=said.append)
     assert any("busy while measuring" in line and "varied by 32%" in line for line in said)
     assert load_profile(smol_path, engine.threads) is not None  # kept all the same
+
+
+def test_a_busy_first_use_profile_is_measured_again_on_the_next_first_uses_then_kept(
+    home, smol_path, monkeypatch
+):
+    """Beside a busy core here, quick profiles of the 1.5B target put a step at 63-178 ms and
+    T(32) at 3.4-17.9 steps (26.5 ms and 9.1 quiet): stored, such a curve priced every later
+    run. The next first uses measure it again, and keep the least noisy once the device has been
+    busy BUSY_PROFILES times in a row."""
+    import edgespec
+    from edgespec import engine as engine_module
+
+    quick = engine_module.quick_profile
+    noises = iter([0.5, 0.4, 0.6, 0.3])  # busy every time: the device of a phone never idle
+    monkeypatch.setattr(
+        engine_module, "quick_profile", lambda *a: replace(quick(*a), noise=next(noises))
+    )
+    kept: list[tuple[float, int]] = []
+    said: list[str] = []
+    for _ in range(BUSY_PROFILES + 1):
+        engine = edgespec.load(smol_path, n_ctx=256)
+        engine.profile_if_missing(say=said.append)
+        stored = load_profile(smol_path, engine.threads)
+        assert stored == engine.profile
+        kept.append((stored.noise, stored.busy_measurements))
+    assert kept == [(0.5, 1), (0.4, 2), (0.4, 3), (0.4, 3)]  # the least noisy; then no more
+    measuring = [line for line in said if "measuring how fast" in line]
+    assert len(measuring) == BUSY_PROFILES and "first use" in measuring[0]
+    assert all(line.endswith("again (it was busy the last time)") for line in measuring[1:])
+    assert sum("measured again on the next run" in line for line in said) == BUSY_PROFILES - 1
+    assert "`edgespec profile` measures it again once the device is quiet" in said[-1]
+
+
+def test_a_busy_first_use_profile_measured_again_on_a_quiet_device_is_replaced_for_good(
+    home, smol_path, monkeypatch
+):
+    import edgespec
+    from edgespec import engine as engine_module
+
+    quick = engine_module.quick_profile
+    noises = iter([0.5, 0.01])
+    monkeypatch.setattr(
+        engine_module, "quick_profile", lambda *a: replace(quick(*a), noise=next(noises))
+    )
+    for _ in range(2):
+        edgespec.load(smol_path, n_ctx=256).profile_if_missing()
+    stored = load_profile(smol_path, 2)
+    assert stored is not None and (stored.noise, stored.busy_measurements) == (0.01, 0)
+    said: list[str] = []
+    edgespec.load(smol_path, n_ctx=256).profile_if_missing(say=said.append)  # noises are spent
+    assert said == [] and load_profile(smol_path, 2) == stored
+
+
+def test_a_profile_measured_busy_neither_prices_passes_nor_governs_threads(home, smol_path):
+    """Its curve is the load's as much as the device's: auto prices passes by the default curve,
+    and the governors judge decodes by the fastest they see, until a quiet measurement."""
+    import edgespec
+
+    engine = edgespec.load(smol_path, n_ctx=256)
+    engine.profile_if_missing()
+    measured = engine.profile
+    assert measured is not None
+    steep = replace(measured, seconds=[measured.cost(1) * k**1.5 for k in measured.ks])
+    for noise_, busy in [(0.0, False), (2 * NOISY_QUICK, True)]:
+        save_profile(replace(steep, noise=noise_, busy_measurements=BUSY_PROFILES * busy))
+        engine = edgespec.load(smol_path, n_ctx=256)
+        engine.profile_if_missing()  # nothing to measure: kept after BUSY_PROFILES
+        assert engine.profile is not None and engine.profile.busy == busy
+        if busy:
+            assert engine.relative_cost(8) == pytest.approx(DEFAULT_RELATIVE[8])
+            assert engine.pass_sizes == DEFAULT_SIZES
+        else:
+            assert engine.relative_cost(8) == pytest.approx(steep.relative(8))
+            assert engine.pass_sizes == tuple(steep.ks)
+        governor = engine.target_ctx.governor
+        assert governor is not None
+        assert governor.reference_s == (None if busy else steep.step_s)
+
+
+def test_what_a_first_use_keeps_of_a_measurement_taken_where_an_earlier_one_was_busy(
+    model_file,
+):
+    quiet = a_profile(model_file, noise=0.02)
+    busy = a_profile(model_file, noise=0.5, busy_measurements=1)
+    busier = a_profile(model_file, noise=0.7, measured_at="2025-01-02T00:00:00+00:00")
+    assert kept_profile(None, quiet) == quiet
+    assert kept_profile(busy, quiet) == quiet  # busy_measurements 0: not measured again
+    assert kept_profile(None, busier) == replace(busier, busy_measurements=1)
+    assert kept_profile(busy, busier) == replace(busy, busy_measurements=2)  # the less noisy
+    assert kept_profile(busier, replace(busy, busy_measurements=0)).noise == 0.5
+    older = replace(busy, busy_measurements=0)  # stored by an edgespec that did not count them
+    assert older.measured_again and kept_profile(older, busier).busy_measurements == 2
+    assert not replace(busy, busy_measurements=BUSY_PROFILES).measured_again
+    assert not replace(busy, ks=list(FULL_KS), seconds=[0.01] * len(FULL_KS)).measured_again
+    assert not quiet.measured_again and not quiet.busy and busy.busy
 
 
 def test_ctrl_c_stops_a_profile_measured_on_pinned_cpus_at_its_next_pass(home, smol_path):
