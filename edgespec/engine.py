@@ -511,7 +511,8 @@ class Engine:
 
     def profile_if_missing(self, say: Callable[[str], None] = lambda _: None) -> None:
         """Measure and save a quick device profile (seconds, not minutes) of each model that has
-        none, so that auto mode plans with this device's costs from its first round."""
+        none, or one measured on a busy device (DeviceProfile.measured_again), so that auto mode
+        plans with this device's costs from its first round."""
         self._check_open()
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
         measured_now = first_measured = False

@@ -62,9 +62,9 @@ NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy 
 NOISY_QUICK = 0.25
 # A first-use profile measured busier than NOISY_QUICK is measured again on the next first use,
 # until this many such measurements in a row (a device that is always busy keeps the least
-# noisy). Beside a busy core here, six quick profiles of the 1.5B target (noise 0.35-0.77) put a
-# step at 63-178 ms and T(32) at 3.4-17.9 steps, where four quiet ones (noise 0.02-0.03) agreed
-# on 26.5 ms and 9.1: kept, such a curve priced every later run's passes.
+# noisy). Beside a busy core here, seven quick profiles of the 1.5B target (noise 0.35-0.77) put
+# a step at 63-178 ms and T(32) at 2.6-17.9 steps, where fourteen quiet ones (noise 0.02-0.12)
+# put them at 24-27 ms and 8.7-11.1: kept, such a curve priced every later run's passes.
 BUSY_PROFILES = 3
 BUSY_SPREAD = 1.1  # see timed_busy
 # How the stored curves are measured. 2: each pass paired with a plain step (curve_from_times).
