@@ -141,6 +141,7 @@ def main() -> None:
 
     import edgespec
     from edgespec.bench import load_prompts
+    from edgespec.engine import quiet
     from edgespec.policy import Costs
     from edgespec.profile import fastest_steps
 
@@ -163,7 +164,9 @@ def main() -> None:
     columns = ["n-gram"]
     if engine.draft_ctx is not None:
         columns += ["model", "both", "model*", "both*"]
-        draft_curve = (engine.draft_profile or engine.profile).relative
+        # A profile measured busy prices nothing (engine.quiet): the target's prices instead.
+        draft_profile = quiet(engine.draft_profile) or quiet(engine.profile)
+        draft_curve = draft_profile.relative if draft_profile else engine.relative_cost
 
         def catch_up(behind: int) -> float:
             return draft_cost * draft_curve(min(behind, DRAFT_BEHIND_CAP))
