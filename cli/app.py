@@ -396,7 +396,8 @@ def run(
     pipeline: opt.Pipeline = None,
     adapt_threads: opt.AdaptThreads = True,
     stop: Annotated[
-        list[str] | None, typer.Option(help="Stop when this text appears (repeatable)")
+        list[str] | None,
+        typer.Option(metavar="TEXT", help="Stop when this text appears (repeatable)"),
     ] = None,
     chat: Annotated[
         bool | None,

@@ -717,6 +717,14 @@ def test_the_bench_help_names_every_mode_and_the_shipped_classes(capsys):
         assert re.search(rf"\b{class_name}\b", text), class_name
 
 
+def test_the_run_help_names_what_a_stop_flag_takes_not_its_python_type(capsys):
+    """It read `--stop <list[str]>`."""
+    code, out, _ = cli(capsys, "run", "--help")
+    assert code == 0
+    text = " ".join(out.replace("│", " ").split())
+    assert "--stop TEXT Stop when this text appears" in text and "list[" not in text
+
+
 def test_a_bench_of_an_unknown_mode_is_one_clear_line_before_anything_runs(capsys, smol_path):
     code, _, err = cli(capsys, "bench", "-m", str(smol_path), "--modes", "target,warp")
     one_line_error(code, err, "unknown mode 'warp'", "llama-lookup")
