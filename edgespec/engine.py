@@ -521,12 +521,13 @@ class Engine:
         for role, ctx, n_threads, cpus in roles:
             # Looked up again: a draft that is the target's file was profiled just before.
             key = (ctx.model.path, n_threads, format_cpu_list(cpus), ctx.n_ctx)
-            measured = load_profile(*key)
+            measured = seen = load_profile(*key)
             if measured is None or measured.measured_again:
                 with measuring_alone(say), self._alone():
-                    # Once more: a process that held the lock may have measured this model.
+                    # Once more: a process that held the lock may have measured this model
+                    # (busy or not: measured again at a later first use, not right after it).
                     measured = load_profile(*key)
-                    if measured is None or measured.measured_again:
+                    if measured is None or (measured.measured_again and measured == seen):
                         first_measured = first_measured or measured is None
                         cpu_list = format_cpu_list(cpus)
                         measured = self._quick_profile(ctx, n_threads, cpu_list, say, measured)

@@ -157,6 +157,25 @@ def ctrl_c_while_trimming(engine, monkeypatch) -> list[bool]:
     return trimmed
 
 
+def first_use_measured_quiet(monkeypatch) -> None:
+    """First-use profiles labelled as a quiet device measures them (their noise at most
+    NOISY_QUICK), for tests of what a measured profile does: on a busy test machine the real
+    label would have them measured again and price nothing (DeviceProfile.busy), which the
+    busy-profile tests specify."""
+    from dataclasses import replace
+
+    import edgespec.engine
+    from edgespec.profile import NOISY_QUICK
+
+    quick = edgespec.engine.quick_profile
+
+    def quiet(*args):
+        measured = quick(*args)
+        return replace(measured, noise=min(measured.noise, NOISY_QUICK))
+
+    monkeypatch.setattr(edgespec.engine, "quick_profile", quiet)
+
+
 def hear_ctrl_c() -> None:
     """In a child about to exec: let SIGINT through again. A test run started in the background
     by a non-interactive shell ignores SIGINT, and exec keeps that for every child; a user's

@@ -13,7 +13,7 @@ from edgespec.engine import DRAFT_SINK, DRAFT_WINDOW, catch_up_positions
 from edgespec.policy import Costs, ModelOrNgram
 from edgespec.tree import TokenTree, verification_batch
 
-from .helpers import assert_same_or_near_tie, fresh_logits
+from .helpers import assert_same_or_near_tie, first_use_measured_quiet, fresh_logits
 from .test_generation import PROMPTS
 
 COPY_PROMPT = (
@@ -1236,6 +1236,7 @@ def test_auto_verifies_n_gram_proposals_at_the_sizes_its_profile_measured(
     from edgespec.engine import Engine
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    first_use_measured_quiet(monkeypatch)  # measured busy, it would not price passes
     engine = edgespec.load(smol_path, n_ctx=1024)
     engine.profile_if_missing()  # as `run` does: a quick profile, on first use
     sizes_seen, choices = [], []

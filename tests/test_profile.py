@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -54,6 +54,7 @@ from edgespec.profile import (
     measure_times,
     noise,
     profile_model,
+    profile_path,
     profiles_dir,
     quick_profile,
     relative_cost,
@@ -62,7 +63,7 @@ from edgespec.profile import (
     save_profile,
 )
 
-from .helpers import hear_ctrl_c, write_tiny_gguf
+from .helpers import first_use_measured_quiet, hear_ctrl_c, write_tiny_gguf
 
 PREFIX = 64
 
@@ -717,10 +718,11 @@ def test_profile_refuses_models_run_would_refuse_before_measuring(
 
 
 def test_an_engine_profiles_each_model_on_first_use_and_then_finds_the_profiles(
-    home, smol_path, smol_q4_0
+    home, smol_path, smol_q4_0, monkeypatch
 ):
     import edgespec
 
+    first_use_measured_quiet(monkeypatch)  # else measured again: the busy tests below
     engine = edgespec.load(smol_path, smol_q4_0, n_ctx=256)
     assert engine.profile is None and engine.draft_profile is None
     said: list[str] = []
@@ -859,6 +861,36 @@ def test_a_busy_first_use_profile_measured_again_on_a_quiet_device_is_replaced_f
     said: list[str] = []
     edgespec.load(smol_path, n_ctx=256).profile_if_missing(say=said.append)  # noises are spent
     assert said == [] and load_profile(smol_path, engine.threads) == stored
+
+
+def test_a_busy_profile_another_run_measured_while_this_one_waited_is_used_not_measured_again(
+    home, smol_path, monkeypatch
+):
+    """Runs started together on a busy device: the first measures while the others wait, and
+    they use what it measured, busy or not (beside a busy core here the second of two such runs
+    measured the busy profile again right after the first): a busy profile is measured again at
+    a later first use."""
+    import edgespec
+    from edgespec import engine as engine_module
+
+    engine = edgespec.load(smol_path, n_ctx=256)
+    engine.profile_if_missing()
+    assert engine.profile is not None
+    busy = replace(engine.profile, noise=2 * NOISY_QUICK, busy_measurements=1)
+    profile_path(busy).unlink()  # none stored yet: the next run waits for the lock, then looks
+    lock = engine_module.measuring_alone
+
+    @contextmanager
+    def another_run_measured_meanwhile(say):
+        save_profile(busy)
+        with lock(say):
+            yield
+
+    monkeypatch.setattr(engine_module, "measuring_alone", another_run_measured_meanwhile)
+    said: list[str] = []
+    later = edgespec.load(smol_path, n_ctx=256)
+    later.profile_if_missing(say=said.append)
+    assert said == [] and later.profile == busy and busy.measured_again
 
 
 def test_a_profile_measured_busy_neither_prices_passes_nor_governs_threads(home, smol_path):
