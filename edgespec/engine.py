@@ -518,11 +518,13 @@ class Engine:
         measured_now = first_measured = False
         if self.draft_ctx is not None:
             roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
+        here: dict[tuple[Path, int, str, int], DeviceProfile] = {}  # measured by this call
         for role, ctx, n_threads, cpus in roles:
-            # Looked up again: a draft that is the target's file was profiled just before.
+            # A draft that is the target's file was profiled just before: busy, it is measured
+            # again by a later first use, not by this one twice.
             key = (ctx.model.path, n_threads, format_cpu_list(cpus), ctx.n_ctx)
-            measured = seen = load_profile(*key)
-            if measured is None or measured.measured_again:
+            measured = seen = here.get(key) or load_profile(*key)
+            if key not in here and (measured is None or measured.measured_again):
                 with measuring_alone(say), self._alone():
                     # Once more: a process that held the lock may have measured this model
                     # (busy or not: measured again at a later first use, not right after it).
@@ -532,6 +534,7 @@ class Engine:
                         cpu_list = format_cpu_list(cpus)
                         measured = self._quick_profile(ctx, n_threads, cpu_list, say, measured)
                         measured_now = True
+                        here[key] = measured
             if role == "target":
                 if measured_now:  # passes timed before are older than this curve
                     self._batch_factor = None

@@ -893,6 +893,23 @@ def test_a_busy_profile_another_run_measured_while_this_one_waited_is_used_not_m
     assert said == [] and later.profile == busy and busy.measured_again
 
 
+def test_a_draft_that_is_the_target_is_measured_once_however_busy(home, smol_path, monkeypatch):
+    """Its profile is the target's, measured just before: busy, the draft's turn measured it a
+    second time in the same first use."""
+    import edgespec
+    from edgespec import engine as engine_module
+
+    quick = engine_module.quick_profile
+    monkeypatch.setattr(
+        engine_module, "quick_profile", lambda *a: replace(quick(*a), noise=2 * NOISY_QUICK)
+    )
+    said: list[str] = []
+    engine = edgespec.load(smol_path, smol_path, n_ctx=256)
+    engine.profile_if_missing(say=said.append)
+    assert sum("measuring how fast" in line for line in said) == 1
+    assert engine.draft_profile == engine.profile and engine.profile.busy_measurements == 1
+
+
 def test_a_profile_measured_busy_neither_prices_passes_nor_governs_threads(home, smol_path):
     """Its curve is the load's as much as the device's: auto prices passes by the default curve,
     and the governors judge decodes by the fastest they see, until a quiet measurement."""
