@@ -32,16 +32,13 @@ from .cores import cpu_identity
 from .draft_head import HEAD_TOKENS, frequent_tokens, narrowed_path, write_narrowed
 from .errors import ModelFileError
 from .files import written_into_place
-from .profile import measuring_alone, timed_busy, timed_steps
+from .profile import BUSY_MEASUREMENTS, measuring_alone, timed_busy, timed_steps
 
 CHEAP_TYPE = "Q4_0"
 # Copies an earlier edgespec made, with llama.cpp's default output matrix: removed when the
 # current copy replaces them (400 MB each for the default draft).
 OLD_COPY_SUFFIXES = (".requant-q4_0.gguf",)
 FASTER_BY = 0.95  # the copy must take at most this fraction of the original's time per token
-# A choice timed while another program had the cores is timed again on first use, until it has
-# been timed this many times in a row so (a device that is always busy keeps the last).
-BUSY_TIMINGS = 3
 
 
 @dataclass
@@ -63,7 +60,7 @@ class DraftChoice:
     @property
     def timed_again(self) -> bool:
         """Whether the next first use times the forms again: this choice was timed busy."""
-        return 0 < self.busy_timings < BUSY_TIMINGS
+        return 0 < self.busy_timings < BUSY_MEASUREMENTS
 
     def path(self, directory: Path) -> Path:
         return directory / self.chosen

@@ -515,7 +515,7 @@ class Engine:
         plans with this device's costs from its first round."""
         self._check_open()
         roles = [("target", self.target_ctx, self.threads, self.placement.target_cpus)]
-        measured_now = first_measured = False
+        first_measured = False
         if self.draft_ctx is not None:
             roles.append(("draft", self.draft_ctx, self.draft_threads, self.placement.draft_cpus))
         here: dict[tuple[Path, int, str, int], DeviceProfile] = {}  # measured by this call
@@ -533,15 +533,14 @@ class Engine:
                         first_measured = first_measured or measured is None
                         cpu_list = format_cpu_list(cpus)
                         measured = self._quick_profile(ctx, n_threads, cpu_list, say, measured)
-                        measured_now = True
                         here[key] = measured
             if role == "target":
-                if measured_now:  # passes timed before are older than this curve
+                if key in here:  # passes timed before are older than this curve
                     self._batch_factor = None
                 self._price_passes_by(measured)
             else:
                 self.draft_profile = measured
-        if measured_now:
+        if here:
             self._govern()  # judged against what was just measured from now on
         # Profiles from different hours do not tell what a draft step costs in target steps:
         # time both now, unless an earlier run on this device already did. (A profile measured
@@ -1677,11 +1676,9 @@ class Engine:
         behind = len(catch_up_positions(run.draft_cached, len(run.tokens))) - 1
         if draft_s is None or behind <= 0:
             return 0.0
-        if draft_profile := quiet(self.draft_profile):
-            per_token = draft_profile.relative(CATCH_UP_BATCH) / CATCH_UP_BATCH
-        else:
-            per_token = relative_cost(DEFAULT_RELATIVE, CATCH_UP_BATCH) / CATCH_UP_BATCH
-        return behind * draft_s * per_token
+        draft_profile = quiet(self.draft_profile)
+        curve = draft_profile.relative if draft_profile else _default_curve
+        return behind * draft_s * curve(CATCH_UP_BATCH) / CATCH_UP_BATCH
 
     def _auto_chain(self, run: _Run, limit: int) -> list[int]:
         """A model chain whose length is decided token by token: draft on while one more token

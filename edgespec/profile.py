@@ -60,12 +60,13 @@ NOISY = 0.10  # a profile whose timings vary more than this was taken on a busy 
 # A quick profile's three rounds vary more on a quiet machine too (0.14 for SmolLM2's draft in
 # the test suite, alone); three processes started together made 0.32-0.57.
 NOISY_QUICK = 0.25
-# A first-use profile measured busier than NOISY_QUICK is measured again on the next first use,
-# until this many such measurements in a row (a device that is always busy keeps the least
-# noisy). Beside a busy core here, seven quick profiles of the 1.5B target (noise 0.35-0.77) put
-# a step at 63-178 ms and T(32) at 2.6-17.9 steps, where fourteen quiet ones (noise 0.02-0.12)
-# put them at 24-27 ms and 8.7-11.1: kept, such a curve priced every later run's passes.
-BUSY_PROFILES = 3
+# What first use measures once (a device profile; which form of the draft is fastest, drafts.py)
+# is measured again on the next first use where other programs kept the cores busy meanwhile,
+# until this many such measurements in a row (a device that is always busy keeps what it has).
+# Beside a busy core here, seven quick profiles of the 1.5B target (noise 0.35-0.77) put a step
+# at 63-178 ms and T(32) at 2.6-17.9 steps, where fourteen quiet ones (noise 0.02-0.12) put them
+# at 24-27 ms and 8.7-11.1: kept, such a curve priced every later run's passes.
+BUSY_MEASUREMENTS = 3
 BUSY_SPREAD = 1.1  # see timed_busy
 # How the stored curves are measured. 2: each pass paired with a plain step (curve_from_times).
 # Profiles measured otherwise (1: separate medians, T(2) 1.32 and 1.65 in two runs here) are
@@ -279,8 +280,8 @@ class DeviceProfile:
     @property
     def measured_again(self) -> bool:
         """Whether the next first use measures it again: a busy first-use profile, until
-        BUSY_PROFILES of them in a row (one an older edgespec stored counts as one)."""
-        return self.quick and self.busy and self.busy_measurements < BUSY_PROFILES
+        BUSY_MEASUREMENTS of them in a row (one an older edgespec stored counts as one)."""
+        return self.quick and self.busy and self.busy_measurements < BUSY_MEASUREMENTS
 
     @property
     def step_s(self) -> float:

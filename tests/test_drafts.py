@@ -18,7 +18,7 @@ import edgespec.drafts
 from edgespec.backend import Context
 from edgespec.draft_head import narrowed_path
 from edgespec.drafts import (
-    BUSY_TIMINGS,
+    BUSY_MEASUREMENTS,
     FASTER_BY,
     choice_path,
     copy_path,
@@ -104,7 +104,7 @@ def test_forms_timed_while_other_programs_kept_the_cores_busy_are_timed_again_on
 ):
     """Beside a busy core the narrowed Qwen draft came out at up to 1.11 of its base's step
     (0.82-0.83 quiet): a choice timed so may be wrong, and kept, wrong for good. The next first
-    use times the forms again (nothing is made again), up to BUSY_TIMINGS times in a row; a
+    use times the forms again (nothing is made again), up to BUSY_MEASUREMENTS times in a row; a
     device that is always busy keeps the last."""
     draft = tmp_path / smol_path.name
     shutil.copy(smol_path, draft)
@@ -119,7 +119,7 @@ def test_forms_timed_while_other_programs_kept_the_cores_busy_are_timed_again_on
     monkeypatch.setattr(Context, "decode", held_back)
     said: list[str] = []
     choices = []
-    for timings in range(1, BUSY_TIMINGS + 1):
+    for timings in range(1, BUSY_MEASUREMENTS + 1):
         said.clear()
         choices.append(fastest_draft(draft, n_threads=1, say=said.append))
         assert choices[-1].busy_timings == timings
@@ -127,7 +127,7 @@ def test_forms_timed_while_other_programs_kept_the_cores_busy_are_timed_again_on
         assert any("timing both forms" in line for line in said)
         assert timings == 1 or not any("making" in line or "narrowing" in line for line in said)
         timed_again = any("timed again on the next run" in line for line in said)
-        assert timed_again == choices[-1].timed_again == (timings < BUSY_TIMINGS)
+        assert timed_again == choices[-1].timed_again == (timings < BUSY_MEASUREMENTS)
     said.clear()
     assert fastest_draft(draft, n_threads=1, say=said.append) == choices[-1]
     assert said == []

@@ -675,7 +675,7 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
 
     import edgespec
     from edgespec.profile import (
-        BUSY_PROFILES,
+        BUSY_MEASUREMENTS,
         NOISY_QUICK,
         load_auto_memory,
         profiles_dir,
@@ -695,7 +695,7 @@ def test_profiles_measured_together_on_a_busy_device_do_not_price_the_draft_for_
             seconds=[draft_scale * t for t in engine.draft_profile.seconds],
             measured_at=target.measured_at,
             noise=noise,
-            busy_measurements=BUSY_PROFILES,  # not measured again: kept as it is
+            busy_measurements=BUSY_MEASUREMENTS,  # not measured again: kept as it is
         )
         save_profile(target)
         save_profile(draft)
@@ -766,14 +766,14 @@ def test_a_draft_that_is_the_target_costs_a_target_step_however_busy_its_profile
 
     import edgespec
     import edgespec.engine
-    from edgespec.profile import BUSY_PROFILES, NOISY_QUICK, save_profile
+    from edgespec.profile import BUSY_MEASUREMENTS, NOISY_QUICK, save_profile
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     engine = edgespec.load(smol_path, smol_path, n_ctx=512)
     engine.profile_if_missing()
     # Busy each time it was measured: kept, not measured again.
-    noisy = 2 * NOISY_QUICK
-    save_profile(dataclasses.replace(engine.profile, noise=noisy, busy_measurements=BUSY_PROFILES))
+    busy = dict(noise=2 * NOISY_QUICK, busy_measurements=BUSY_MEASUREMENTS)
+    save_profile(dataclasses.replace(engine.profile, **busy))
     timings: list[object] = []
 
     def timed(contexts, **kwargs):

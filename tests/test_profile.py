@@ -32,7 +32,7 @@ from edgespec.errors import BadSettingError
 from edgespec.files import exclusive
 from edgespec.profile import (
     ATTENTION_MARGIN,
-    BUSY_PROFILES,
+    BUSY_MEASUREMENTS,
     DEFAULT_RELATIVE,
     FULL_KS,
     NOISY_QUICK,
@@ -816,7 +816,7 @@ def test_a_busy_first_use_profile_is_measured_again_on_the_next_first_uses_then_
     """Beside a busy core here, quick profiles of the 1.5B target put a step at 63-178 ms and
     T(32) at 2.6-17.9 steps (24-27 ms and 8.7-11.1 quiet): stored, such a curve priced every later
     run. The next first uses measure it again, and keep the least noisy once the device has been
-    busy BUSY_PROFILES times in a row."""
+    busy BUSY_MEASUREMENTS times in a row."""
     import edgespec
     from edgespec import engine as engine_module
 
@@ -827,7 +827,7 @@ def test_a_busy_first_use_profile_is_measured_again_on_the_next_first_uses_then_
     )
     kept: list[tuple[float, int]] = []
     said: list[str] = []
-    for _ in range(BUSY_PROFILES + 1):
+    for _ in range(BUSY_MEASUREMENTS + 1):
         engine = edgespec.load(smol_path, n_ctx=256)
         engine.profile_if_missing(say=said.append)
         stored = load_profile(smol_path, engine.threads)
@@ -835,9 +835,9 @@ def test_a_busy_first_use_profile_is_measured_again_on_the_next_first_uses_then_
         kept.append((stored.noise, stored.busy_measurements))
     assert kept == [(0.5, 1), (0.4, 2), (0.4, 3), (0.4, 3)]  # the least noisy; then no more
     measuring = [line for line in said if "measuring how fast" in line]
-    assert len(measuring) == BUSY_PROFILES and "first use" in measuring[0]
+    assert len(measuring) == BUSY_MEASUREMENTS and "first use" in measuring[0]
     assert all(line.endswith("again (it was busy the last time)") for line in measuring[1:])
-    assert sum("measured again on the next run" in line for line in said) == BUSY_PROFILES - 1
+    assert sum("measured again on the next run" in line for line in said) == BUSY_MEASUREMENTS - 1
     assert "`edgespec profile` measures it again once the device is quiet" in said[-1]
 
 
@@ -921,9 +921,9 @@ def test_a_profile_measured_busy_neither_prices_passes_nor_governs_threads(home,
     assert measured is not None
     steep = replace(measured, seconds=[measured.cost(1) * k**1.5 for k in measured.ks])
     for noise_, busy in [(0.0, False), (2 * NOISY_QUICK, True)]:
-        save_profile(replace(steep, noise=noise_, busy_measurements=BUSY_PROFILES * busy))
+        save_profile(replace(steep, noise=noise_, busy_measurements=BUSY_MEASUREMENTS * busy))
         engine = edgespec.load(smol_path, n_ctx=256)
-        engine.profile_if_missing()  # nothing to measure: kept after BUSY_PROFILES
+        engine.profile_if_missing()  # nothing to measure: kept after BUSY_MEASUREMENTS
         assert engine.profile is not None and engine.profile.busy == busy
         if busy:
             assert engine.relative_cost(8) == pytest.approx(DEFAULT_RELATIVE[8])
@@ -949,7 +949,7 @@ def test_what_a_first_use_keeps_of_a_measurement_taken_where_an_earlier_one_was_
     assert kept_profile(busier, replace(busy, busy_measurements=0)).noise == 0.5
     older = replace(busy, busy_measurements=0)  # stored by an edgespec that did not count them
     assert older.measured_again and kept_profile(older, busier).busy_measurements == 2
-    assert not replace(busy, busy_measurements=BUSY_PROFILES).measured_again
+    assert not replace(busy, busy_measurements=BUSY_MEASUREMENTS).measured_again
     assert not replace(busy, ks=list(FULL_KS), seconds=[0.01] * len(FULL_KS)).measured_again
     assert not quiet.measured_again and not quiet.busy and busy.busy
 
