@@ -7,10 +7,12 @@ PROMPT ?= Write a Python function that checks whether a string is a palindrome, 
 
 .PHONY: install models demo test lint bench clean
 
-$(BIN)/edgespec: pyproject.toml
+$(BIN)/edgespec: pyproject.toml scripts/install-llama-cpp.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# llama-cpp-python compiles llama.cpp here (about 6 minutes on 2 cores; pip caches the wheel)
+	# llama-cpp-python compiled for this CPU: about 6 minutes on 2 cores, once (the wheel is kept
+	# under ~/.cache/edgespec/wheels, keyed by this CPU and the build options)
+	scripts/install-llama-cpp.sh $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.dev
 

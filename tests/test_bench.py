@@ -618,13 +618,17 @@ def test_a_measurement_carries_the_governors_thread_switches(smol_path):
         ("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n", "AVX-512"),
         ("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n", "AVX2"),
         (
+            "model name\t: Intel(R) Xeon(R)\nflags\t\t: avx2 avx512f amx_bf16 amx_tile amx_int8\n",
+            "AVX-512 AMX",
+        ),
+        (
             "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32 asimddp\nModel\t: Raspberry Pi 5\n",
             "DOTPROD NEON",
         ),
         ("processor\t: 0\nFeatures\t: fp asimd asimddp sve i8mm bf16\n", "SVE I8MM DOTPROD NEON"),
         ("processor\t: 0\n", "unknown"),
     ],
-    ids=["x86-avx512", "x86-avx2", "raspberry-pi-5", "phone-armv9", "nothing"],
+    ids=["x86-avx512", "x86-avx2", "xeon-amx", "raspberry-pi-5", "phone-armv9", "nothing"],
 )
 def test_the_bench_names_the_vector_extensions_that_set_batch_costs(tmp_path, cpuinfo, simd):
     path = tmp_path / "cpuinfo"
@@ -649,10 +653,21 @@ def _x86(vendor: str, family: int, model: int) -> str:
         (_x86("AuthenticAMD", 25, 1), "Zen 3"),  # EPYC 7003 (Milan)
         (_x86("AuthenticAMD", 23, 49), "Zen 2"),  # EPYC 7002 (Rome)
         (_x86("GenuineIntel", 6, 143), "Sapphire Rapids"),
+        (_x86("GenuineIntel", 6, 207), "Emerald Rapids"),  # this machine since 2026-11-30
         (_x86("GenuineIntel", 6, 60), "family 6 model 60"),  # a desktop Haswell: no name here
         ("processor\t: 0\nCPU part\t: 0xd0b\nFeatures\t: fp asimd\n", ""),  # ARM
     ],
-    ids=["zen4", "zen4-last", "zen5", "zen3", "zen2", "sapphire-rapids", "unnamed-intel", "arm"],
+    ids=[
+        "zen4",
+        "zen4-last",
+        "zen5",
+        "zen3",
+        "zen2",
+        "sapphire-rapids",
+        "emerald-rapids",
+        "unnamed-intel",
+        "arm",
+    ],
 )
 def test_the_bench_names_the_x86_generation_the_model_name_hides(tmp_path, cpuinfo, generation):
     """One "AMD EPYC" was a Zen 5 one day and a Zen 4 the next, whose batches cost 1.6x more."""

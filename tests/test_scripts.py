@@ -23,6 +23,7 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SETUP_SCRIPTS = ("termux-setup.sh", "rpi-setup.sh")
 SETUP_COMMON = "setup-common.sh"  # the steps both share, sourced by each
 ASK = "edgespec-ask.sh"
+INSTALL_LLAMA = "install-llama-cpp.sh"  # the Makefile's install step
 BASH = shutil.which("bash") or "/bin/bash"
 
 ANSWER = "A palindrome reads the same both ways."
@@ -82,7 +83,7 @@ def sandbox(tmp_path) -> dict[str, str]:
     shutil.which("shellcheck") is None,
     reason="shellcheck is not installed (Debian: apt-get install shellcheck)",
 )
-@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, SETUP_COMMON, ASK])
+@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, SETUP_COMMON, ASK, INSTALL_LLAMA])
 def test_each_script_passes_shellcheck(script):
     checked = subprocess.run(
         ["shellcheck", str(SCRIPTS / script)], capture_output=True, text=True, check=False
@@ -90,9 +91,137 @@ def test_each_script_passes_shellcheck(script):
     assert checked.returncode == 0, checked.stdout
 
 
-@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, ASK])
+@pytest.mark.parametrize("script", [*SETUP_SCRIPTS, ASK, INSTALL_LLAMA])
 def test_each_script_is_executable(script):
     assert os.access(SCRIPTS / script, os.X_OK)
+
+
+# the llama-cpp-python build (scripts/install-llama-cpp.sh, the Makefile's install step)
+
+XEON_WITH_AMX = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8
+"""
+ZEN_5 = """processor\t: 0
+model name\t: AMD EPYC Processor
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni
+"""
+ZEN_3 = """processor\t: 0
+model name\t: AMD EPYC Processor
+flags\t\t: fpu sse2 avx2
+"""
+
+
+def llama_build(sandbox: dict[str, str], tmp_path: Path, cpuinfo: str, **env: str) -> str:
+    """The steps the install script would take on a CPU that /proc/cpuinfo says is `cpuinfo`."""
+    info = tmp_path / f"cpuinfo-{abs(hash(cpuinfo))}"
+    info.write_text(cpuinfo)
+    done = run_script(
+        INSTALL_LLAMA,
+        "--dry-run",
+        "venv/bin/python",
+        env={**sandbox, "EDGESPEC_CPUINFO": str(info), **env},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def wheel_dir(steps: str) -> str:
+    """Where the install step takes llama-cpp-python's wheel from."""
+    words = next(line.split() for line in steps.splitlines() if "--find-links" in line)
+    return words[words.index("--find-links") + 1]
+
+
+def test_a_llama_build_is_kept_for_the_cpu_it_was_compiled_for(sandbox, tmp_path):
+    """A native build on one CPU may not run on another (AVX-512 on a Zen 3: Illegal
+    instruction), so a kept wheel is found again only on a CPU of the same instruction sets."""
+    xeon = wheel_dir(llama_build(sandbox, tmp_path, XEON_WITH_AMX))
+    assert wheel_dir(llama_build(sandbox, tmp_path, XEON_WITH_AMX)) == xeon
+    zen_5 = wheel_dir(llama_build(sandbox, tmp_path, ZEN_5))
+    zen_3 = wheel_dir(llama_build(sandbox, tmp_path, ZEN_3))
+    assert len({xeon, zen_5, zen_3}) == 3
+    assert xeon.startswith(f"{sandbox['EDGESPEC_HOME']}/wheels/llama-cpp-python-")
+
+
+def test_the_build_compiles_from_source_never_taking_pips_cached_wheel(sandbox, tmp_path):
+    # pip keys a built wheel by its source alone: one compiled on another CPU would come back.
+    steps = llama_build(sandbox, tmp_path, ZEN_5)
+    build = next(line for line in steps.splitlines() if "pip wheel" in line)
+    assert "--no-cache-dir" in build and "--no-binary llama-cpp-python" in build
+    install = next(line for line in steps.splitlines() if "--find-links" in line)
+    assert "--no-index" in install and "--force-reinstall" in install
+
+
+def test_a_build_kept_for_this_cpu_is_installed_without_compiling_again(sandbox, tmp_path):
+    kept = Path(wheel_dir(llama_build(sandbox, tmp_path, ZEN_5)))
+    kept.mkdir(parents=True)
+    (kept / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"")
+
+    steps = llama_build(sandbox, tmp_path, ZEN_5)
+
+    assert f"already done: built for this CPU: {kept}" in steps
+    assert "pip wheel" not in steps
+    assert "--find-links" in steps
+
+
+def test_a_cpu_with_amx_is_built_so_that_its_tile_kernels_are_configured(sandbox, tmp_path):
+    """GCC 12 drops the stores that fill llama.cpp's AMX tile configuration (dead-store
+    elimination): every batch of tokens then stopped with "Illegal instruction" on this Xeon."""
+    assert 'CMAKE_ARGS="-DCMAKE_CXX_FLAGS=-fno-dse"' in llama_build(
+        sandbox, tmp_path, XEON_WITH_AMX
+    )
+    assert 'CMAKE_ARGS=""' in llama_build(sandbox, tmp_path, ZEN_5)
+
+
+def test_cmake_args_asked_for_replace_the_chosen_ones_and_key_the_build(sandbox, tmp_path):
+    chosen = llama_build(sandbox, tmp_path, XEON_WITH_AMX)
+    asked = llama_build(sandbox, tmp_path, XEON_WITH_AMX, CMAKE_ARGS="-DGGML_NATIVE=OFF")
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF"' in asked and "-fno-dse" not in asked
+    assert wheel_dir(asked) != wheel_dir(chosen)
+
+
+def test_the_install_script_asks_for_the_python_it_installs_into(sandbox):
+    done = run_script(INSTALL_LLAMA, "--dry-run", env=sandbox)
+    assert done.returncode == 2
+    assert "PYTHON is missing" in done.stderr
+
+
+# A verification pass of 32 tokens against the same tokens one at a time: the argmax of each row.
+BATCH_AGAINST_STEPS = """
+import sys
+from edgespec.backend import Context, Model
+model = Model(sys.argv[1])
+text = "def binary_search(items, target):\\n    lo, hi = 0, len(items)\\n    while lo < hi:\\n"
+tokens = model.tokenize(text + "        mid = (lo + hi) // 2\\n", add_special=True)[:32]
+batch = Context(model, n_ctx=256, n_threads=2, n_batch=64).verify(tokens, 0).argmax(axis=1)
+steps = Context(model, n_ctx=256, n_threads=2, n_batch=64)
+one_at_a_time = [int(steps.decode([t], i).argmax()) for i, t in enumerate(tokens)]
+print(sum(int(a) == b for a, b in zip(batch, one_at_a_time)), len(tokens))
+"""
+
+
+def test_the_llama_cpp_installed_here_decodes_a_batch_on_this_cpu(smol_path):
+    """Verification passes are batches: with the AMX build's bug, the first one killed the
+    process (SIGILL), so it is run in a child process that can die alone."""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BATCH_AGAINST_STEPS,
+            str(smol_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    died = f"killed by {signal.Signals(-child.returncode).name}" if child.returncode < 0 else ""
+    assert child.returncode == 0, (died or child.returncode, child.stderr[-2000:])
+    same, rows = map(int, child.stdout.split())
+    assert rows >= 16 and same >= rows - 1  # a near tie may part one row (batch numerics)
 
 
 # setup scripts
