@@ -277,12 +277,22 @@ def test_sampling_allocates_no_row_of_the_vocabulary_while_decoding(q2_draft_eng
     engine = q2_draft_engine
     prompt = engine.prompt_tokens(NGRAM_PROMPT, chat_mode=False)
 
-    def generate() -> None:
+    def drafts_24_tokens(seed: int) -> bool:
         result = engine.generate(
-            prompt, max_tokens=24, mode=mode, seed=3, temperature=0.9, **FIXED_DRAFTING[mode]
+            prompt, max_tokens=24, mode=mode, seed=seed, temperature=0.9, **FIXED_DRAFTING[mode]
         )
-        assert result.stats.n_generated == 24 and (mode == "target" or result.stats.draft_tokens)
+        return result.stats.n_generated == 24 and (
+            mode == "target" or result.stats.draft_tokens > 0
+        )
 
-    generate()
+    # A seed whose answer runs the whole 24 tokens and drafts: which one depends on the CPU's
+    # numerics (seed 3's answer ended after 2 tokens on an Emerald Rapids, where llama.cpp
+    # multiplies on AMX tiles).
+    seed = next((s for s in range(3, 23) if drafts_24_tokens(s)), None)
+    assert seed is not None
+
+    def generate() -> None:
+        assert drafts_24_tokens(seed)
+
     row = engine.target.n_vocab * np.dtype(np.float32).itemsize
     assert largest_allocation_at_once(generate) < row / 2
