@@ -97,6 +97,12 @@ ANSWER_SHARE = 0.05
 # time since the last try; at ~8 % of a step per token behind here, that never came once an arm
 # had lost, and code after chat went without drafting.
 SURE_TEXT = 0.9
+# ... or less, where this device's costs let a chain pay at that acceptance: a chain whose tokens
+# the draft got right as often as the target is sure of its own must beat plain decoding by
+# MARGIN (model_draft_ceiling at that sureness). On the Zen 5 here that needed 0.91; on an
+# Emerald Rapids, whose passes of 8 cost 2.2 plain steps and whose draft step 0.17, it needs
+# 0.66, and there `chain` made 1.16x plain decoding on chat where auto, waiting for 0.9, took
+# plain steps only (1.02x; 2026-11-30).
 # ... as this answer's own plain steps show it, this many of them at least: an answer starts
 # with the last one's measure otherwise, and a chat answer after a code one (its 0.9-sure
 # steps) had chains tried, kept for 47 rounds and made 0.90x plain (the narrowed draft, whose
@@ -755,25 +761,43 @@ class AutoPolicy:
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
-        sure = self.sure_steps >= SURE_STEPS and (self.target_sure.value or 0.0) >= SURE_TEXT
         # The first arm is tried at once: nothing is known of the draft on a new device. The
         # others wait for sure text once one has been tried: in a bench on a Zen 4 here the
         # chain's try was dropped at the end of the warm-up and the tree's went at once on the
         # first prompt, before its text had shown anything (`tree` made 0.67-0.76x plain there,
         # less than `chain` on every class on both CPUs measured).
         untried = [a for a in self.arms if not a.tried]
-        if can_pay and untried and (sure or len(untried) == len(self.arms)):
-            return untried[0].start_try(sure)
+        if can_pay and untried:
+            sure = self.sure_text()
+            if sure or len(untried) == len(self.arms):
+                return untried[0].start_try(sure)
         if best is not None:
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
         if not can_pay:  # the share keeps the gate shut: now and then a try, to move it
-            if not sure or self.share.rounds_shut < REPROBE_EVERY:
+            if self.share.rounds_shut < REPROBE_EVERY or not self.sure_text():
                 return "plain"
             self.share.rounds_shut = 0
             # The first arm (the chain's): on every CPU measured here the better on code.
-            return self.arms[0].start_try(sure, reprobe=True)
-        due = [a for a in self.arms if a.since_try >= a.probe_every and sure]
-        return due[0].start_try(sure) if due else "plain"
+            return self.arms[0].start_try(True, reprobe=True)
+        due = [a for a in self.arms if a.since_try >= a.probe_every]
+        return due[0].start_try(True) if due and self.sure_text() else "plain"
+
+    def sure_text(self) -> bool:
+        """Whether the target's plain steps show text it is sure enough of for a try of the
+        draft: SURE_STEPS of them at least, at SURE_TEXT, or at less where a chain accepted as
+        often as they are sure would pay on this device. Asked only where a try could begin:
+        pricing the chain costs tens of microseconds."""
+        sureness = self.target_sure.value
+        if self.sure_steps < SURE_STEPS or sureness is None:
+            return False
+        if sureness >= SURE_TEXT:
+            return True
+        if self.costs.draft_s.value is None:
+            return False
+        ceiling = model_draft_ceiling(
+            sureness, self.costs, pipelined=self.pipelined, draft_cost=self.costs.draft_estimate
+        )
+        return ceiling > MARGIN
 
     def record_arm(self, name: str, tokens: int, seconds: float, catch_up_s: float = 0.0) -> None:
         """A round of arm `name` made `tokens` in `seconds`, `catch_up_s` of them catching the

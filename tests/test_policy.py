@@ -792,6 +792,32 @@ def test_a_probe_waits_for_text_the_target_is_sure_of():
     assert SURE_TEXT < 0.92
 
 
+# An Emerald Rapids with AMX (2026-11-30): a pass of 8 cost 2.2 plain steps, of 16 2.7.
+CHEAP_PASSES = {1: 1.0, 2: 1.64, 3: 1.74, 4: 1.79, 5: 1.91, 6: 1.96, 8: 2.19, 16: 2.68, 32: 4.55}
+
+
+def test_where_passes_and_draft_steps_are_cheap_a_probe_needs_less_sure_text():
+    """There a chain pays at lower acceptance: on that Emerald Rapids, with a draft step at 0.17
+    of a target step, `chain` made 1.16x plain decoding on chat, where auto, waiting for text
+    0.9 sure, took plain steps only (1.02x)."""
+    from edgespec.profile import relative_cost
+
+    def cheap() -> Costs:
+        c = Costs(lambda k: relative_cost(CHEAP_PASSES, k))
+        c.step_s.update(0.066)
+        c.draft_s.update(0.011)
+        return c
+
+    chat = AutoPolicy(cheap(), [Arm.remembered("chain", probe_every=32)])
+    assert decode(chat, 40, arm_round=(2, 0.1), sure=0.75).index("chain") == SURE_STEPS
+    # Text so unsure that a chain could not pay even there: no probe.
+    unsure = AutoPolicy(cheap(), [Arm.remembered("chain", probe_every=32)])
+    assert set(decode(unsure, 1000, arm_round=(2, 0.1), sure=0.55)) == {"plain"}
+    # Where passes cost what they did on the Zen CPUs here, 0.75 is not sure enough.
+    zen = AutoPolicy(costs(step_s=0.066, draft_s=0.011), [Arm.remembered("chain", probe_every=32)])
+    assert set(decode(zen, 1000, arm_round=(2, 0.1), sure=0.75)) == {"plain"}
+
+
 def test_a_probe_waits_for_sure_text_after_a_copy_not_just_sure_text():
     """On the edits here tries began right after n-gram copies, on the plain steps around them
     that the target was sure of (it copies its context); the draft, which has read only the
