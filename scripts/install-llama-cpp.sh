@@ -17,7 +17,6 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"
-VENV="" # not the setup scripts' venv: PYTHON names it
 DRY_RUN="${DRY_RUN:-0}"
 # shellcheck source=setup-common.sh
 source "$REPO/scripts/setup-common.sh"
@@ -39,8 +38,7 @@ for arg in "$@"; do
 done
 [[ -n $python ]] || usage_error "which Python's environment? (PYTHON is missing)"
 
-version="$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$REPO/pyproject.toml" | cut -d= -f3 || true)"
-[[ -n $version ]] || die "cannot find the llama-cpp-python version in $REPO/pyproject.toml"
+version="$(pinned_llama_version)"
 
 cpuinfo="${EDGESPEC_CPUINFO:-/proc/cpuinfo}"
 # What a native build depends on: the CPU's name and what it can execute (x86 "flags", Arm

@@ -121,6 +121,15 @@ check_python() {
 		die "edgespec needs Python 3.10 or newer; this is $(python3 --version 2>&1). $1"
 }
 
+# The llama-cpp-python version edgespec pins in pyproject.toml: its low-level API calls are
+# written against it.
+pinned_llama_version() {
+	local version
+	version="$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$REPO/pyproject.toml" | cut -d= -f3 || true)"
+	[[ -n $version ]] || die "cannot find the llama-cpp-python version in $REPO/pyproject.toml"
+	echo "$version"
+}
+
 # install_edgespec BUILD_NOTICE [VENV_OPTION...]: the virtual environment, llama-cpp-python built
 # for this CPU (BUILD_NOTICE says how long that takes here) and edgespec from this checkout.
 install_edgespec() {
@@ -134,10 +143,8 @@ install_edgespec() {
 		run "$python" -m pip install --quiet --upgrade pip
 	fi
 
-	# The version edgespec pins in pyproject.toml: its low-level API calls are written against it.
 	local llama_version installed=""
-	llama_version="$(grep -o 'llama-cpp-python==[0-9][0-9.]*' "$REPO/pyproject.toml" | cut -d= -f3 || true)"
-	[[ -n $llama_version ]] || die "cannot find the llama-cpp-python version in $REPO/pyproject.toml"
+	llama_version="$(pinned_llama_version)"
 	local cmake_args="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}"
 	say "llama-cpp-python $llama_version, built with CMAKE_ARGS=\"$cmake_args\""
 	if [[ -x $python ]]; then
