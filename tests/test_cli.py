@@ -26,7 +26,13 @@ from edgespec.errors import ModelFileError
 from edgespec.gguf_info import read_gguf
 
 from .conftest import SMOL
-from .helpers import hear_ctrl_c, tensor_types, with_tensor_stored_as, write_tiny_gguf
+from .helpers import (
+    first_use_measured_quiet,
+    hear_ctrl_c,
+    tensor_types,
+    with_tensor_stored_as,
+    write_tiny_gguf,
+)
 
 STATS_KEYS = {
     "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
@@ -79,6 +85,7 @@ def test_a_chain_measures_this_devices_costs_on_first_use_to_price_its_ngram_rou
     capsys, smol_path, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    first_use_measured_quiet(monkeypatch)  # a CI run beside another one measured it busy: again
     run = ("run", "-m", str(smol_path), "--draft", str(smol_path), "--mode", "chain", "-n", "4")
     code, _, err = cli(capsys, *run, "Hi")
     assert code == 0 and "measuring how fast this device runs" in err
