@@ -12,7 +12,6 @@ import functools
 import math
 import re
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from .draft_head import NarrowedHead, RowDequantizer
 from .errors import ContextOverflowError, ModelFileError
 from .gguf_info import GGUFInfo, read_gguf
 from .governor import ThreadGovernor
+from .interrupts import interrupts_held
 from .text import valid_text
 
 _verbose = False
@@ -71,35 +71,6 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
         _native_log.errors.append(message.strip())
     elif level == _LOG_WARN:
         _native_log.warnings.append(message.strip())
-
-
-@contextmanager
-def interrupts_held(on_signal: Callable[[], object] = lambda: None) -> Iterator[None]:
-    """Ctrl+C (and SIGTERM, where the CLI takes it as one) held until a long native call
-    returns, then handled; `on_signal` is called as it comes (a load then stops at its next
-    tensor). llama.cpp calls back into Python (its log) while it loads or quantizes, and a
-    KeyboardInterrupt raised inside a ctypes callback is printed as a traceback and dropped:
-    the load went on, and the run with it (exit 0 after a SIGTERM)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only
-        return
-    pressed: list[int] = []
-
-    def hold(signum: int, _frame: object) -> None:
-        pressed.append(signum)
-        on_signal()
-
-    # Only signals Python handles: one ignored or left to the system stays so.
-    held = {s: h for s in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(s))}
-    for signum in held:
-        signal.signal(signum, hold)
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    if pressed:
-        held[pressed[0]](pressed[0], None)
 
 
 _backend_ready = False

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from edgespec.errors import BadSettingError, EdgespecError
+from edgespec.interrupts import interrupts_held
 
 R = TypeVar("R")
 
@@ -252,28 +253,25 @@ class PinnedThread:
     def call(self, fn: Callable[..., R], *args: object) -> R:
         if threading.get_native_id() == self.native_id:  # already here (inside a submitted call)
             return fn(*args)
-        try:
+        # Ctrl+C is held until the call is done, then raised: the call runs on whatever is
+        # pressed, and nothing (such as clearing a cache) may touch llama.cpp's state while it
+        # decodes. Raised inside the hand-off, a KeyboardInterrupt can leave a lock of the
+        # executor taken (Python's `with lock` is not safe against it): every later call then
+        # waited for good (a CI run: no exit 60 s after Ctrl+C, both threads blocked on the
+        # executor's idle semaphore). The hold costs a few microseconds a call.
+        with interrupts_held():
             return self._executor.submit(self._run, fn, *args).result()
-        except KeyboardInterrupt:
-            # Ctrl+C reaches only the main thread, even while it is still handing the call over
-            # (inside `submit`); the call runs on. Wait until it is done, so that nothing (such
-            # as clearing a cache) touches llama.cpp's state while it is still decoding.
-            self.wait_idle()
-            raise
 
     def wait_idle(self) -> None:
-        """Return once every call handed over so far has finished (one worker, calls in order)."""
-        marker = self._executor.submit(int)
-        while True:
-            try:
-                marker.result()
-                return
-            except KeyboardInterrupt:  # a second Ctrl+C: the decode still runs, so still wait
-                continue
+        """Return once every call handed over so far has finished (one worker, calls in order);
+        a Ctrl+C meanwhile is raised after that."""
+        with interrupts_held():
+            self._executor.submit(int).result()
 
     def submit(self, fn: Callable[..., R], *args: object) -> futures.Future[R]:
         """Start a call and return at once (the caller waits on the future)."""
-        return self._executor.submit(self._run, fn, *args)
+        with interrupts_held():  # see `call`
+            return self._executor.submit(self._run, fn, *args)
 
     def close(self) -> None:
         """Stop the thread once the calls handed to it are done (from inside one of them, such

@@ -328,23 +328,30 @@ def test_ctrl_c_while_a_pinned_call_runs_returns_only_once_the_call_has_ended():
         runner.close()
 
 
-def test_ctrl_c_while_the_call_is_still_being_handed_over_also_waits_for_it(monkeypatch):
-    # The signal can land inside `submit`, after the call is queued but before its future is
-    # returned: the call runs on all the same, and the caller must not go on meanwhile.
+def test_ctrl_c_while_the_call_is_still_being_handed_over_is_raised_once_it_has_run(monkeypatch):
+    """Raised inside the hand-off (`submit`), a KeyboardInterrupt can leave a lock of the
+    executor taken, and every later call waits for good: a CI run's Ctrl+C test hung so, both
+    threads blocked on the executor's idle semaphore. Ctrl+C is held until the call is done."""
     runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
-    submit = runner._executor.submit
+    submit, handed_over = runner._executor.submit, []
 
-    def submit_then_ctrl_c(fn, *args):
-        submit(fn, *args)
-        monkeypatch.setattr(runner._executor, "submit", submit)
-        raise KeyboardInterrupt
+    def submit_as_ctrl_c_comes(fn, *args):
+        if not handed_over:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):  # Python runs a handler between these, unless it is held
+                pass
+        handed_over.append(fn)
+        return submit(fn, *args)
 
-    monkeypatch.setattr(runner._executor, "submit", submit_then_ctrl_c)
+    monkeypatch.setattr(runner._executor, "submit", submit_as_ctrl_c_comes)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             runner.call(slow_call_that_records_when_it_ends(ended))
-        assert ended.is_set()
+        assert ended.is_set() and len(handed_over) == 1  # handed over whole, once, and run
+        assert runner.call(int) == 0  # and the thread takes calls still
     finally:
+        signal.signal(signal.SIGINT, previous)
         runner.close()
 
 
