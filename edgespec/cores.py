@@ -13,13 +13,13 @@ import contextlib
 import functools
 import os
 import platform
+import queue
 import re
 import threading
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from edgespec.errors import BadSettingError, EdgespecError
 from edgespec.interrupts import interrupts_held
@@ -215,8 +215,46 @@ def thread_cpus(pid: int | None = None, proc: Path = Path("/proc")) -> dict[int,
     return allowed
 
 
+class PinnedCall:
+    """A call handed to a PinnedThread; its result (or error) once it has run there.
+
+    It is waited for on a C-level queue, not on a Python lock: a KeyboardInterrupt raised while
+    the main thread waits leaves no lock taken (Python's `with lock` is not safe against one: a
+    CI run's Ctrl+C test hung for good on an executor's lock so) and the result stays to be had.
+    """
+
+    __slots__ = ("_finished", "_outcome", "args", "fn")
+
+    def __init__(self, fn: Callable[..., object], args: tuple[object, ...]):
+        self.fn, self.args = fn, args
+        self._finished: queue.SimpleQueue[tuple[bool, object]] = queue.SimpleQueue()
+        self._outcome: tuple[bool, object] | None = None
+
+    def run(self) -> None:
+        try:
+            outcome = (True, self.fn(*self.args))
+        except BaseException as e:  # passed back to whoever waits, as the call's own
+            outcome = (False, e)
+        self._finished.put(outcome)
+
+    def done(self) -> bool:
+        return self._outcome is not None or not self._finished.empty()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's return value, or its error raised here; waits until it has run."""
+        if self._outcome is None:
+            try:
+                self._outcome = self._finished.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"{self.fn!r} still running after {timeout} s") from None
+        ok, value = self._outcome
+        if not ok:
+            raise value  # type: ignore[misc]  # a BaseException, by run()
+        return value
+
+
 class PinnedThread:
-    """A long-lived thread, pinned to some CPUs, that runs the calls handed to it.
+    """A long-lived thread, pinned to some CPUs, that runs the calls handed to it, in order.
 
     llama.cpp's OpenMP workers belong to the thread that starts a parallel region and are born
     with its affinity, so a model whose every decode runs on one pinned thread keeps all of its
@@ -226,58 +264,64 @@ class PinnedThread:
     def __init__(self, cpus: list[int], name: str):
         self.cpus = cpus
         self.name = name
-        self.native_id: int | None = None
         self._pin_error: OSError | None = None
-        self._executor = futures.ThreadPoolExecutor(
-            1, thread_name_prefix=f"edgespec-{name}", initializer=self._pin
-        )
+        self._closed = False
+        # Calls are handed over on C-level queues (no Python lock a Ctrl+C could leave taken).
+        # A daemon: one never closed (a library user's engine left open) must not hold up the
+        # interpreter's exit; calls are always waited for, so none is cut short by it.
+        self._calls: queue.SimpleQueue[PinnedCall | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"edgespec-{name}", daemon=True)
+        self._thread.start()
+        self.native_id: int | None = self._thread.native_id
 
-    def _pin(self) -> None:
-        self.native_id = threading.get_native_id()
+    def _serve(self) -> None:
         try:
             pin_current_thread(self.cpus)
-        except OSError as e:  # raised from an initializer, it broke the pool: a traceback later
+        except OSError as e:  # each call is then an error (a phone may take cores offline)
             self._pin_error = e
+        while (call := self._calls.get()) is not None:
+            if self._pin_error is not None:
+                call.fn, call.args = self._refuse, ()
+            call.run()
 
-    def _run(self, fn: Callable[..., R], *args: object) -> R:
-        """`fn(*args)` on the pinned thread; an error once the CPUs could not be had. They are
-        checked when the run starts, but a phone may take cores offline afterwards."""
-        if self._pin_error is not None:
-            raise EdgespecError(
-                f"cannot run the {self.name} on CPUs {format_cpu_list(self.cpus)}: "
-                f"{self._pin_error.strerror or self._pin_error} (taken offline or out of this "
-                "process's reach since the start?)"
-            )
-        return fn(*args)
+    def _refuse(self) -> NoReturn:
+        assert self._pin_error is not None
+        raise EdgespecError(
+            f"cannot run the {self.name} on CPUs {format_cpu_list(self.cpus)}: "
+            f"{self._pin_error.strerror or self._pin_error} (taken offline or out of this "
+            "process's reach since the start?)"
+        )
 
     def call(self, fn: Callable[..., R], *args: object) -> R:
         if threading.get_native_id() == self.native_id:  # already here (inside a submitted call)
             return fn(*args)
         # Ctrl+C is held until the call is done, then raised: the call runs on whatever is
         # pressed, and nothing (such as clearing a cache) may touch llama.cpp's state while it
-        # decodes. Raised inside the hand-off, a KeyboardInterrupt can leave a lock of the
-        # executor taken (Python's `with lock` is not safe against it): every later call then
-        # waited for good (a CI run: no exit 60 s after Ctrl+C, both threads blocked on the
-        # executor's idle semaphore). The hold costs about 30 us a call (42 -> 73 us a hand-off
-        # here, against ~11 ms for a draft step).
+        # decodes.
         with interrupts_held():
-            return self._executor.submit(self._run, fn, *args).result()
+            return self.submit(fn, *args).result()
 
     def wait_idle(self) -> None:
-        """Return once every call handed over so far has finished (one worker, calls in order);
-        a Ctrl+C meanwhile is raised after that."""
+        """Return once every call handed over so far has finished (calls run in order); a
+        Ctrl+C meanwhile is raised after that."""
         with interrupts_held():
-            self._executor.submit(int).result()
+            self.submit(int).result()
 
-    def submit(self, fn: Callable[..., R], *args: object) -> futures.Future[R]:
-        """Start a call and return at once (the caller waits on the future)."""
-        with interrupts_held():  # see `call`
-            return self._executor.submit(self._run, fn, *args)
+    def submit(self, fn: Callable[..., R], *args: object) -> PinnedCall:
+        """Start a call and return at once (the caller waits on its `result()`)."""
+        if self._closed:  # else it would wait for good
+            raise RuntimeError(f"the {self.name}'s thread is closed")
+        call = PinnedCall(fn, args)
+        self._calls.put(call)  # one C call: a Ctrl+C comes before it or after it
+        return call
 
     def close(self) -> None:
         """Stop the thread once the calls handed to it are done (from inside one of them, such
         as a collected context's `__del__` there, without waiting for itself)."""
-        self._executor.shutdown(wait=threading.get_native_id() != self.native_id)
+        self._closed = True
+        self._calls.put(None)
+        if threading.get_native_id() != self.native_id:
+            self._thread.join()
 
 
 def needs_pinning(cpus: list[int]) -> bool:

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
@@ -23,6 +23,7 @@ import numpy as np
 from . import chat
 from .backend import Context, Model, interrupts_held
 from .cores import (
+    PinnedCall,
     Placement,
     format_cpu_list,
     needs_pinning,
@@ -1483,7 +1484,7 @@ class Engine:
         run: _Run,
         n_proposed: int,
         drafted: tuple[list[int], list[float]],
-        verifying: Future,
+        verifying: PinnedCall,
     ) -> tuple[list[int], list[float]]:
         """Draft on past the tokens under verification until the target is done, while the
         tokens stay likely to be used (their calibrated chances' product: each is used only if
@@ -2249,7 +2250,11 @@ def _load_models(
                 raise
 
     try:
-        models = both()
+        # Ctrl+C held over the pool too, not only over each load: raised inside the pool's or
+        # the future's locks (a wait on the draft's load), it could leave one taken, and the
+        # pool's exit waited for good; it stops both loads at their next tensor instead.
+        with interrupts_held(on_signal=cancel.set):
+            models = both()
     except BaseException:
         if progress_failed:  # the load stopped for it (a cancelled load's KeyboardInterrupt)
             raise progress_failed[0] from None

@@ -328,31 +328,80 @@ def test_ctrl_c_while_a_pinned_call_runs_returns_only_once_the_call_has_ended():
         runner.close()
 
 
-def test_ctrl_c_while_the_call_is_still_being_handed_over_is_raised_once_it_has_run(monkeypatch):
-    """Raised inside the hand-off (`submit`), a KeyboardInterrupt can leave a lock of the
-    executor taken, and every later call waits for good: a CI run's Ctrl+C test hung so, both
-    threads blocked on the executor's idle semaphore. Ctrl+C is held until the call is done."""
-    runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
-    submit, handed_over = runner._executor.submit, []
+class QueueThatSeesCtrlCAsItTakesACall:
+    """The pinned thread's call queue, with a real Ctrl+C sent as the first call is handed in."""
 
-    def submit_as_ctrl_c_comes(fn, *args):
-        if not handed_over:
+    def __init__(self, calls):
+        self.calls, self.handed_over = calls, []
+
+    def put(self, call) -> None:
+        if not self.handed_over:
             os.kill(os.getpid(), signal.SIGINT)
             for _ in range(10_000):  # Python runs a handler between these, unless it is held
                 pass
-        handed_over.append(fn)
-        return submit(fn, *args)
+        self.handed_over.append(call)
+        self.calls.put(call)
 
-    monkeypatch.setattr(runner._executor, "submit", submit_as_ctrl_c_comes)
+    def get(self):
+        return self.calls.get()
+
+
+def test_ctrl_c_while_the_call_is_still_being_handed_over_is_raised_once_it_has_run(monkeypatch):
+    """Raised inside a hand-off through Python locks (it was an executor's), a KeyboardInterrupt
+    can leave a lock taken, and every later call waits for good: a CI run's Ctrl+C test hung so,
+    both threads blocked on the executor's idle semaphore. Ctrl+C is held until the call is
+    done."""
+    runner, ended = PinnedThread(sorted(os.sched_getaffinity(0)), "test"), threading.Event()
+    calls = QueueThatSeesCtrlCAsItTakesACall(runner._calls)
+    monkeypatch.setattr(runner, "_calls", calls)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             runner.call(slow_call_that_records_when_it_ends(ended))
-        assert ended.is_set() and len(handed_over) == 1  # handed over whole, once, and run
+        assert ended.is_set() and len(calls.handed_over) == 1  # handed over whole, once, and run
         assert runner.call(int) == 0  # and the thread takes calls still
     finally:
         signal.signal(signal.SIGINT, previous)
         runner.close()
+
+
+def test_ctrl_c_while_waiting_on_a_started_call_leaves_its_result_and_the_thread_usable():
+    """The pipeline starts the target's pass and waits on it later: a Ctrl+C during that wait
+    must leave nothing half-taken (the wait is on a C-level queue, not a Python lock)."""
+    runner = PinnedThread(sorted(os.sched_getaffinity(0)), "test")
+    ctrl_c = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        verifying = runner.submit(lambda: time.sleep(0.3) or "logits")
+        ctrl_c.start()
+        with pytest.raises(KeyboardInterrupt):
+            verifying.result()
+        assert not verifying.done()  # interrupted while it ran on
+        runner.wait_idle()
+        assert verifying.done() and verifying.result() == "logits"
+        assert runner.call(int) == 0
+    finally:
+        ctrl_c.join()
+        signal.signal(signal.SIGINT, previous)
+        runner.close()
+
+
+def test_a_started_call_passes_its_error_back_to_whoever_waits_on_it():
+    runner = PinnedThread(sorted(os.sched_getaffinity(0)), "test")
+    try:
+        failing = runner.submit(divmod, 1, 0)
+        for _ in range(2):  # each time it is asked
+            with pytest.raises(ZeroDivisionError):
+                failing.result(timeout=5)
+    finally:
+        runner.close()
+
+
+def test_a_closed_pinned_thread_refuses_calls_rather_than_leaving_them_waiting():
+    runner = PinnedThread(sorted(os.sched_getaffinity(0)), "test")
+    runner.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.call(int)
 
 
 def test_cpus_that_cannot_be_had_when_a_pinned_thread_starts_are_a_clear_error():
