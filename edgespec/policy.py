@@ -91,6 +91,13 @@ TRY_GIVE_UP = 0.85
 # made in. That time is its tokens left at the rate the answer has made so far, not a plain step
 # a token: on the edits here answers ran at 1.7-2.2x plain decoding's rate (2026-11-29).
 ANSWER_SHARE = 0.05
+# The arm in use when an answer ended is tried on the next one after this many rounds, unless an
+# n-gram proposal came first. Edits open with a line or two before they copy the text they were
+# given (proposals from their third or fifth round here), which a draft that has read only the
+# text's ends cannot copy: a chain carried into them from the code answer before made 0.84-0.89x
+# what auto made without it (3 repeats, 2026-11-30). Code and chat answers showed no proposal in
+# their first ten rounds, but for one code answer's at its third.
+CARRY_AFTER = 2
 # Probes wait for text the target is sure of (the mean probability of the tokens of its plain
 # steps, over about the last ten): 0.92-0.95 over code answers here, 0.72-0.76 over chat ones,
 # where drafting lost. They used to wait until catching the draft up cost at most 2 % of the
@@ -565,6 +572,7 @@ class Arm:
     trying: bool = False  # a try is under way
     try_on_sure_text: bool = False  # it began where the target was sure of its text
     reprobe: bool = False  # it began while the share kept the gate shut (REPROBE_EVERY)
+    carried: bool = False  # it began the answer, as the arm in use when the last one ended
     try_rounds: int = 0  # the current try's rounds so far, and what they made
     try_tokens: int = 0
     try_seconds: float = 0.0
@@ -581,9 +589,11 @@ class Arm:
         """Tokens per second of the current try's rounds together."""
         return self.try_tokens / max(self.try_seconds, 1e-9)
 
-    def start_try(self, on_sure_text: bool = False, reprobe: bool = False) -> str:
+    def start_try(
+        self, on_sure_text: bool = False, reprobe: bool = False, carried: bool = False
+    ) -> str:
         self.trying, self.try_rounds, self.try_tokens, self.try_seconds = True, 0, 0, 0.0
-        self.try_on_sure_text, self.reprobe = on_sure_text, reprobe
+        self.try_on_sure_text, self.reprobe, self.carried = on_sure_text, reprobe, carried
         return self.name
 
     @classmethod
@@ -632,6 +642,14 @@ class AutoPolicy:
         # made 1.19x plain and auto 0.97x (2026-11-24). A try the last answer left unfinished is
         # dropped: one begun in the bench's short warm-up was judged on the next prompt's first
         # round, before its text had shown anything.
+        # But the arm in use at the last answer's end (the faster, if two were) is tried early
+        # on this one (CARRY_AFTER): a try's few rounds, not 20, say whether the text still
+        # pays, and waiting for sure text cost every code answer its first SURE_STEPS plain
+        # steps, where chains make 2x (traced, 2026-11-30). One that loses there has its probes
+        # neither spaced out nor postponed: the answer's opening is not its text yet (_judge).
+        in_use = [arm for arm in self.arms if arm.in_use]
+        self.carried_arm = max(in_use, key=lambda arm: arm.rate, default=None)
+        self.rounds_chosen = 0
         for arm in self.arms:
             arm.in_use = False
             arm.since_try = arm.probe_every
@@ -718,6 +736,7 @@ class AutoPolicy:
         `rounds_left` how many plain steps' time the answer may still take (None: no end in
         sight)."""
         choice = self._choose(ngram_rate, catch_up_s, rounds_left)
+        self.rounds_chosen += 1
         self.since_plain = 0 if choice == "plain" else self.since_plain + 1
         return choice
 
@@ -736,6 +755,8 @@ class AutoPolicy:
             self.share.rounds_shut += 1
         elif can_pay:
             self.share.rounds_shut = 0
+        if ngram_rate is not None:  # the text may copy: no arm carried into it (CARRY_AFTER)
+            self._drop_carried()
         using = [a for a in self.arms if a.in_use] if could_pay else []
         best = max(using, key=lambda a: a.rate, default=None)
         if best is not None and best.rate < plain * KEEP_MARGIN:
@@ -761,6 +782,10 @@ class AutoPolicy:
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
             return "plain"
+        if self.carried_arm is not None and self.rounds_chosen >= CARRY_AFTER:
+            carried, self.carried_arm = self.carried_arm, None
+            if can_pay:
+                return carried.start_try(carried=True)
         # The first arm is tried at once: nothing is known of the draft on a new device. The
         # others wait for sure text once one has been tried: in a bench on a Zen 4 here the
         # chain's try was dropped at the end of the warm-up and the tree's went at once on the
@@ -848,12 +873,20 @@ class AutoPolicy:
         # within a few rounds; failures space the tries out.
         if arm.in_use:
             arm.probe_every = FIRST_PROBE_EVERY
-        else:
+        elif not arm.carried:
             arm.probe_every = min(arm.probe_every * 2, self.MAX_PROBE_EVERY)
             # What the draft failed to predict, the other arms draft from too: their probes
             # wait their turn again (a chain's probe leaves the draft caught up, which made a
             # tree's probe look cheap right after it; both lost on chat here).
             self._postpone_probes()
+
+    def _drop_carried(self) -> None:
+        """No try of the arm carried into this answer, or no verdict on one under way: its
+        probes wait for sure text as every other arm's."""
+        self.carried_arm = None
+        for arm in self.arms:
+            if arm.trying and arm.carried:
+                arm.trying, arm.since_try = False, 0
 
     def _postpone_probes(self) -> None:
         """A model arm lost: every arm's probe waits its turn again, and one never tried waits

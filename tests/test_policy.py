@@ -12,6 +12,7 @@ import pytest
 
 from edgespec.policy import (
     ANSWER_SHARE,
+    CARRY_AFTER,
     CEILING_MARGIN,
     FACTOR_HALF_LIFE,
     FIRST_PROBE_EVERY,
@@ -702,19 +703,75 @@ def test_an_arm_in_use_leaves_room_for_a_plain_step_now_and_then_to_price_it_aga
     assert {b - a for a, b in itertools.pairwise(plain_steps)} == {PLAIN_EVERY + 1}
 
 
-def test_an_arm_in_use_when_an_answer_ends_is_probed_afresh_once_the_next_is_sure_text():
+def test_an_arm_in_use_when_an_answer_ends_is_tried_early_on_the_next_and_left_if_it_loses():
     """Chains that made 1.3x plain on code made 0.95x on the chat answer after it here; and a
-    chat answer that began with the code answer's sureness had them kept for 47 rounds."""
+    chat answer that began with the code answer's sureness had them kept for 47 rounds. A try
+    says so in TRY_ROUNDS rounds; its loss on the answer's opening spaces nothing out."""
     arms = [Arm("chain")]
     code = AutoPolicy(costs(step_s=0.025), arms)
     try_arm(code, "chain", tokens=12, seconds=0.25)  # 48 tok/s against 40
     code.record_plain_step(0.99)
     chat = AutoPolicy(costs(step_s=0.025), arms)
-    assert set(decode(chat, 100, arm_round=(2, 0.06), sure=0.75)) == {"plain"}
+    chosen = decode(chat, 100, arm_round=(2, 0.06), sure=0.75)  # 33 tok/s: loses
+    tried = CARRY_AFTER + TRY_ROUNDS
+    assert chosen[:tried] == ["plain"] * CARRY_AFTER + ["chain"] * TRY_ROUNDS
+    assert set(chosen[tried:]) == {"plain"}  # text never sure enough for another try
+    assert not arms[0].in_use and arms[0].probe_every == FIRST_PROBE_EVERY
     again = AutoPolicy(costs(step_s=0.025), arms)  # where it pays again, it is used again
     chosen = decode(again, SURE_STEPS + TRY_ROUNDS + 1, arm_round=(12, 0.25), sure=0.95)
-    assert chosen[:SURE_STEPS] == ["plain"] * SURE_STEPS  # this answer's text measured first
+    assert chosen[:SURE_STEPS] == ["plain"] * SURE_STEPS  # none in use: this text measured first
     assert chosen[-1] == "chain" and again.arms[0].in_use
+
+
+def test_an_arm_that_pays_answer_after_answer_drafts_from_near_each_ones_start():
+    """Each code answer here waited SURE_STEPS plain steps for its first try, where chains
+    made 2x plain: a tenth of the answer at half the speed."""
+    arms = [Arm("chain"), Arm("tree")]
+    first = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(first, "chain", tokens=12, seconds=0.25)
+    for _ in range(3):
+        answer = AutoPolicy(costs(step_s=0.025), arms)
+        chosen = decode(answer, 2 * PLAIN_EVERY, arm_round=(12, 0.25))
+        assert chosen[:PLAIN_EVERY] == ["plain"] * CARRY_AFTER + ["chain"] * (
+            PLAIN_EVERY - CARRY_AFTER
+        )
+        assert arms[0].in_use and not arms[1].trying  # the tree still waits for sure text
+
+
+def test_the_faster_of_two_arms_in_use_is_the_one_carried_into_the_next_answer():
+    arms = [Arm("chain"), Arm("tree")]
+    first = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(first, "chain", tokens=12, seconds=0.25)  # 48 tok/s
+    arms[1].in_use, arms[1].tokens.value, arms[1].seconds.value = True, 14, 0.25  # 56 tok/s
+    answer = AutoPolicy(costs(step_s=0.025), arms)
+    assert decode(answer, CARRY_AFTER + 1, arm_round=(14, 0.25))[-1] == "tree"
+    assert arms[1].trying and not arms[0].trying and not arms[0].in_use
+
+
+def test_an_answer_that_copies_before_the_carried_try_begins_does_not_make_it():
+    """Edits open with a line or two and then copy the text they were given, which a draft
+    that has read only its ends cannot do: chains carried into them made 0.84-0.89x what auto
+    made without them here. The arm waits for sure text after the copy, as every arm does."""
+    arms = [Arm("chain")]
+    first = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(first, "chain", tokens=12, seconds=0.25)
+    edit = AutoPolicy(costs(step_s=0.025), arms)
+    assert decode(edit, CARRY_AFTER, arm_round=(12, 0.25)) == ["plain"] * CARRY_AFTER
+    assert edit.choose(ngram_rate=200.0) == "ngram"
+    edit.record_copy()
+    assert decode(edit, SURE_STEPS, arm_round=(12, 0.25)) == ["plain"] * SURE_STEPS
+    assert edit.choose(None) == "chain" and not arms[0].carried  # a try on its own sure text
+
+
+def test_a_proposal_of_the_ngram_drafter_ends_a_carried_try_without_a_verdict():
+    arms = [Arm("chain")]
+    first = AutoPolicy(costs(step_s=0.025), arms)
+    try_arm(first, "chain", tokens=12, seconds=0.25)
+    edit = AutoPolicy(costs(step_s=0.025), arms)
+    assert decode(edit, CARRY_AFTER + 1, arm_round=(1, 0.06))[-1] == "chain"  # losing so far
+    assert edit.choose(ngram_rate=20.0) == "plain"  # proposed, though not worth verifying
+    assert not arms[0].trying and not arms[0].in_use
+    assert arms[0].probe_every == FIRST_PROBE_EVERY  # not judged: nothing spaced out
 
 
 def test_a_failed_try_postpones_every_arms_probe():
