@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import chat
-from .backend import Context, Model, interrupts_held
+from .backend import Context, Model
 from .cores import (
     PinnedCall,
     Placement,
@@ -36,6 +36,7 @@ from .errors import BadSettingError, ContextOverflowError, EdgespecError, ModelF
 from .files import user_path
 from .gguf_info import GGUFInfo, check_generates, check_pair, read_gguf
 from .governor import ThreadGovernor
+from .interrupts import interrupts_held
 from .memory import RUN_REMEDY, free_memory, memory_need, shortage
 from .ngram import NgramDrafter, Proposal
 from .policy import (

@@ -894,6 +894,40 @@ def test_a_first_try_of_the_draft_is_not_charged_for_catching_it_up_on_the_promp
     assert 0 < rounds[0][2] < 0.5 * catching_up
 
 
+def test_the_chain_in_use_when_an_answer_ended_is_tried_at_the_next_answers_third_round(
+    smol_path, smol_q2_k, plain_engine, monkeypatch, tmp_path
+):
+    """The engine keeps its arms from one answer to the next, and the next answer's policy tries
+    the one in use early (policy.CARRY_AFTER), through llama.cpp as any chain round; without the
+    carry its probes wait for sure text (here never: SURE_STEPS out of reach), and every code
+    answer opened with that many plain steps where chains make 2x."""
+    import edgespec
+    from edgespec.policy import CARRY_AFTER, AutoPolicy
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
+    flat_device(engine, draft_cost=1e-4)  # a draft this cheap can pay
+    engine.generate(PROMPTS[0], max_tokens=8, mode="auto", ngram=False)
+    chain = engine.model_arms[0]
+    assert chain.name == "chain" and chain.tried  # tried at once on a new device
+    # In use when the answer ended (whether this tiny pair's chain wins depends on the hour).
+    chain.in_use, chain.tokens.value, chain.seconds.value = True, 3.0, 0.01
+    monkeypatch.setattr(policy, "SURE_STEPS", 10**6)  # no probe waits its turn out here
+    rounds: list[tuple[int, str, bool]] = []  # each arm round: the round, whose, carried
+    record_arm = AutoPolicy.record_arm
+
+    def recording(policy: AutoPolicy, name: str, tokens: int, seconds: float, catch_up_s=0.0):
+        arm = next(a for a in policy.arms if a.name == name)
+        rounds.append((policy.rounds_chosen, name, arm.carried))
+        record_arm(policy, name, tokens, seconds, catch_up_s)
+
+    monkeypatch.setattr(AutoPolicy, "record_arm", recording)
+    spec = check_greedy(plain_engine, engine, PROMPTS[1], "auto", n=12, ngram=False)
+    # rounds_chosen counts the round being recorded: the carried try began at round CARRY_AFTER.
+    assert rounds and rounds[0] == (CARRY_AFTER + 1, "chain", True)
+    assert spec.stats.choices["plain"] >= CARRY_AFTER and spec.stats.draft_evals > 0
+
+
 def test_auto_times_plain_decoding_from_its_second_step_and_keeps_it_for_the_next_answer(
     smol_path, monkeypatch, tmp_path
 ):
