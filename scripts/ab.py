@@ -1,0 +1,206 @@
+"""A/B of one change to edgespec's constants, on the bench's prompts, in one process.
+
+    .venv/bin/python scripts/ab.py --set policy.CARRY_AFTER=1000 [--mode auto] [--classes code]
+        [--repeats 2] [-n TOKENS] [--target T --draft D] [--prompts FILE] [--json OUT]
+
+Arm A runs edgespec as it is; arm B with each `--set MODULE.NAME=VALUE` in force (a constant of
+edgespec.MODULE, set only while B loads and generates). Each arm has its own engine, which keeps
+what auto learns from prompt to prompt as the bench's does; plain decoding runs on a third. For
+every repeat and prompt: plain decoding, then the two arms, their order swapped every repeat;
+each arm's speed is paired with that plain run's (as bench.paired_ratios), and B against A is the
+ratio of the two, with a 95 % interval for the run's timing noise. Two bench runs, one before and
+one after a change, are an hour apart on a machine whose plain repeats differ by a fifth; paired
+per prompt here, a change of a few percent shows (the carried arm, 2026-11-30: code 1.69 ->
+1.80x). Models as `edgespec run` takes them by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgespec.bench import BenchPrompt
+    from edgespec.engine import Engine
+
+
+@dataclass(frozen=True)
+class Setting:
+    module: str  # of edgespec: "policy", "engine", ...
+    name: str
+    value: object
+
+
+def parse_setting(text: str) -> Setting:
+    """MODULE.NAME=VALUE, VALUE a Python literal of the constant's own type (an int may stand
+    for a float). Checked against the module: a typo would otherwise A/B edgespec with itself."""
+    target, sep, literal = text.partition("=")
+    module, dot, name = target.strip().rpartition(".")
+    if not (sep and dot and module and name):
+        raise ValueError(f"--set takes MODULE.NAME=VALUE (got {text!r})")
+    try:
+        value = ast.literal_eval(literal.strip())
+    except (ValueError, SyntaxError):
+        raise ValueError(f"--set {target}: {literal.strip()!r} is not a Python literal") from None
+    try:
+        owner = importlib.import_module(f"edgespec.{module}")
+    except ModuleNotFoundError:
+        raise ValueError(f"--set {target}: edgespec has no module {module!r}") from None
+    if not hasattr(owner, name):
+        raise ValueError(f"--set {target}: edgespec.{module} has no {name}")
+    old = getattr(owner, name)
+    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not type(old):
+        raise ValueError(
+            f"--set {target}: {value!r} is not of the type of edgespec.{module}.{name} ({old!r})"
+        )
+    return Setting(module, name, value)
+
+
+@contextmanager
+def in_force(settings: Sequence[Setting]) -> Iterator[None]:
+    """Each setting in its module while the block runs; the old values back after it. Code that
+    read a constant at import (a default argument, a class attribute) does not see it."""
+    modules = [importlib.import_module(f"edgespec.{s.module}") for s in settings]
+    old = [getattr(m, s.name) for m, s in zip(modules, settings, strict=True)]
+    try:
+        for m, s in zip(modules, settings, strict=True):
+            setattr(m, s.name, s.value)
+        yield
+    finally:
+        for m, s, value in zip(modules, settings, old, strict=True):
+            setattr(m, s.name, value)
+
+
+def geometric_mean(ratios: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(r) for r in ratios))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar="M.NAME=V")
+    ap.add_argument("--mode", default="auto", help="the engine mode both arms run")
+    ap.add_argument("--classes", help="prompt classes, comma-separated (default: all)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("-n", "--max-tokens", type=int, help="tokens per prompt (default: its own)")
+    ap.add_argument("--target", help="target GGUF or catalogue name (default: run's)")
+    ap.add_argument("--draft", help="draft GGUF or catalogue name (default: run's)")
+    ap.add_argument("--prompts", type=Path, help="a prompts TOML (default: the bench's suite)")
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--json", type=Path, help="also write every ratio and round count here")
+    args = ap.parse_args(argv)
+
+    import edgespec
+    from edgespec.bench import load_prompts
+    from edgespec.cli.app import DEFAULT_TARGET, resolve_draft, resolve_model
+    from edgespec.config import resolve
+    from edgespec.errors import EdgespecError
+
+    try:
+        settings = [parse_setting(s) for s in args.settings]
+        if not settings:
+            raise ValueError("nothing to compare: give arm B at least one --set")
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1 (got {args.repeats})")
+        classes = args.classes.split(",") if args.classes else None
+        prompts = load_prompts(args.prompts, classes)
+        if args.max_tokens is not None:
+            prompts = [replace(p, max_tokens=args.max_tokens) for p in prompts]
+        chosen = resolve(dict(target=args.target, draft=args.draft))
+        target = resolve_model(chosen.target, DEFAULT_TARGET)
+        draft = resolve_draft(chosen)
+        plain = edgespec.load(target, None, n_ctx=args.n_ctx)
+        engines = {"A": edgespec.load(target, draft, n_ctx=args.n_ctx)}
+        with in_force(settings):
+            engines["B"] = edgespec.load(target, draft, n_ctx=args.n_ctx)
+        for name, engine in engines.items():
+            with in_force(settings if name == "B" else ()):
+                engine.profile_if_missing(say=lambda line: print(line, file=sys.stderr))
+    except (ValueError, EdgespecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    print(f"A: as it is; B: {', '.join(args.settings)}; mode {args.mode}; {draft and draft.name}")
+    ratios, rounds = run_pairs(plain, engines, settings, prompts, args.repeats, args.mode)
+    print("geometric means over prompts and repeats, x plain decoding:")
+    for line in summary(prompts, ratios):
+        print(line)
+    if args.json is not None:
+        report = {"settings": args.settings, "mode": args.mode, "ratios": ratios}
+        args.json.write_text(json.dumps(report | {"rounds": rounds}, indent=1) + "\n")
+    return 0
+
+
+Ratios = dict[str, dict[str, list[float]]]  # arm -> prompt -> one a repeat
+
+
+def run_pairs(
+    plain: Engine,
+    engines: dict[str, Engine],
+    settings: Sequence[Setting],
+    prompts: Sequence[BenchPrompt],
+    repeats: int,
+    mode: str,
+) -> tuple[Ratios, dict[str, dict[str, list[dict[str, int]]]]]:
+    """Every repeat and prompt: plain decoding, then arms A and B (B first on odd repeats), each
+    paired with that plain run. A line each; the ratios, and each run's rounds by kind."""
+    ratios: Ratios = {"A": {}, "B": {}}
+    rounds: dict[str, dict[str, list[dict[str, int]]]] = {"A": {}, "B": {}}
+    for repeat in range(repeats):
+        for p in prompts:
+            tokens = plain.prompt_tokens(p.text)
+            base = plain.generate(tokens, max_tokens=p.max_tokens, mode="target")
+            plain_rate = base.stats.tokens_per_s
+            if plain_rate <= 0:  # an end of text first: no speed to compare
+                print(f"{p.name:24s} plain decoding made nothing: left out", flush=True)
+                continue
+            line = [f"{p.name:24s} plain {plain_rate:5.1f} tok/s"]
+            for name in ("A", "B") if repeat % 2 == 0 else ("B", "A"):
+                with in_force(settings if name == "B" else ()):
+                    result = engines[name].generate(tokens, max_tokens=p.max_tokens, mode=mode)
+                stats = result.stats
+                ratio = stats.tokens_per_s / plain_rate
+                ratios[name].setdefault(p.name, []).append(ratio)
+                rounds[name].setdefault(p.name, []).append(dict(stats.choices))
+                same = "" if result.tokens == base.tokens else " (text differs)"
+                line.append(f"{name} {ratio:.2f}{same} {dict(stats.choices)}")
+            print(" | ".join(line), flush=True)
+    return ratios, rounds
+
+
+def summary(prompts: Sequence[BenchPrompt], ratios: Ratios) -> Iterator[str]:
+    """By class and over all: each arm's geometric mean, and B over A's with a 95 % interval
+    for the run's timing noise (bench.noise_interval; none from one repeat)."""
+    from edgespec.bench import noise_interval
+
+    by_class: dict[str, list[str]] = {}
+    for p in prompts:
+        if p.name in ratios["A"]:
+            by_class.setdefault(p.class_name, []).append(p.name)
+    for class_name, names in [*by_class.items(), ("all", list(ratios["A"]))]:
+        a = [r for n in names for r in ratios["A"][n]]
+        b = [r for n in names for r in ratios["B"][n]]
+        pairs = [
+            [rb / ra for ra, rb in zip(ratios["A"][n], ratios["B"][n], strict=True)] for n in names
+        ]
+        sure = noise_interval(pairs)
+        interval = f" ({sure.low:.3f}-{sure.high:.3f})" if sure else ""
+        yield (
+            f"  {class_name:8s} A {geometric_mean(a):.3f}  B {geometric_mean(b):.3f}  "
+            f"B/A {geometric_mean([r for x in pairs for r in x]):.3f}{interval}"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
