@@ -141,10 +141,16 @@ def check_named_models(settings: Settings) -> None:
 
 
 def resolve_draft(settings: Settings) -> Path | None:
-    """The draft asked for; with no target or draft named, the default draft in the form that
-    runs fastest on this device (a Q4_0 copy, made and measured on first use, if it is faster)."""
-    if settings.draft is not None or settings.target is not None:
-        return resolve_model(settings.draft, None)
+    """The draft asked for. The default draft, unnamed where no target is named or named by its
+    catalogue name beside a target of one's own (a Q4_0 copy of the Qwen 1.5B, say), in the form
+    that runs fastest on this device (a Q4_0 copy, made and measured on first use, if it is
+    faster): a draft's form changes how fast it drafts, never the text. A file named is used as
+    it is."""
+    named = settings.draft
+    if named is None and settings.target is not None:
+        return None
+    if named is not None and (named != DEFAULT_DRAFT or user_path(named, "the draft").exists()):
+        return resolve_model(named, None)
     from edgespec.cores import plan_placement
     from edgespec.drafts import fastest_draft
 

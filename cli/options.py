@@ -28,8 +28,9 @@ Target = Annotated[
 Draft = Annotated[
     str | None,
     typer.Option(
-        help="Draft GGUF path or catalogue name [default: the Qwen 0.5B, in its fastest form "
-        "here, when no target is named (--target, EDGESPEC_TARGET or config.toml)]"
+        help="Draft GGUF path or catalogue name (qwen2.5-coder-0.5b: in its fastest form here) "
+        "[default: the Qwen 0.5B, when no target is named (--target, EDGESPEC_TARGET or "
+        "config.toml)]"
     ),
 ]
 Mode = Annotated[
