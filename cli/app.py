@@ -156,6 +156,12 @@ def resolve_draft(settings: Settings) -> Path | None:
 
     fetched = resolve_model(None, DEFAULT_DRAFT)
     assert fetched is not None
+    if settings.target is not None:  # a pair that cannot work fails before any form is made
+        from edgespec.gguf_info import check_pair, read_gguf
+
+        target = resolve_model(settings.target, None)
+        assert target is not None
+        check_pair(read_gguf(fetched), read_gguf(target))
     n_threads = settings.draft_threads or len(
         plan_placement(settings.target_cpus, settings.draft_cpus).draft_cpus
     )

@@ -613,6 +613,27 @@ def test_profile_measures_the_draft_run_would_use(
     assert report["draft"]["model_file"] == draft_file
 
 
+def test_the_drafts_name_beside_a_target_of_another_vocabulary_fails_before_any_form_is_made(
+    home, runner_app, smol_path, gemma_path, tmp_path, monkeypatch
+):
+    """Making the draft's forms takes ~25 s on first use; a pair that cannot work says so first."""
+    draft = tmp_path / "fetched" / "draft.gguf"
+    draft.parent.mkdir()
+    shutil.copy(gemma_path, draft)  # a SentencePiece vocabulary: SmolLM2 cannot be its target
+    real = resolve_model
+    monkeypatch.setattr(
+        "edgespec.cli.app.resolve_model",
+        lambda name, default, fetch=True: draft if default == DEFAULT_DRAFT else real(name, None),
+    )
+
+    result = CliRunner().invoke(
+        runner_app, ["profile", "-m", str(smol_path), "--draft", DEFAULT_DRAFT, "--quick"]
+    )
+
+    assert f"cannot draft for target {smol_path.name}" in str(result.exception)
+    assert [p.name for p in draft.parent.iterdir()] == ["draft.gguf"]  # no form, no choice
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="big and little need two CPUs")
 def test_on_big_and_little_cores_profile_measures_each_model_where_run_puts_it(
     home, runner_app, smol_path, smol_q4_0, monkeypatch
