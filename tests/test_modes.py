@@ -907,7 +907,14 @@ def test_the_chain_in_use_when_an_answer_ended_is_tried_at_the_next_answers_thir
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     engine = edgespec.load(smol_path, smol_q2_k, n_ctx=1024)
     flat_device(engine, draft_cost=1e-4)  # a draft this cheap can pay
-    engine.generate(PROMPTS[0], max_tokens=8, mode="auto", ngram=False)
+    # Whether drafts can pay, and whether catching the draft up on a new prompt costs the answer
+    # too much, rest on the draft steps timed: here they are not the question (beside busy
+    # cores the gate shut, and no round was the model's).
+    monkeypatch.setattr(AutoPolicy, "_gates", lambda self: (True, True))
+    monkeypatch.setattr(policy, "ANSWER_SHARE", float("inf"))
+    # Nor is the n-gram's proposal, which ends a carried try (priced by the steps timed, too).
+    monkeypatch.setattr("edgespec.engine.MAX_NGRAM_DRAFT", 0)
+    engine.generate(PROMPTS[0], max_tokens=8, mode="auto")
     chain = engine.model_arms[0]
     assert chain.name == "chain" and chain.tried  # tried at once on a new device
     # In use when the answer ended (whether this tiny pair's chain wins depends on the hour).
@@ -922,7 +929,7 @@ def test_the_chain_in_use_when_an_answer_ended_is_tried_at_the_next_answers_thir
         record_arm(policy, name, tokens, seconds, catch_up_s)
 
     monkeypatch.setattr(AutoPolicy, "record_arm", recording)
-    spec = check_greedy(plain_engine, engine, PROMPTS[1], "auto", n=12, ngram=False)
+    spec = check_greedy(plain_engine, engine, PROMPTS[1], "auto", n=12)
     # rounds_chosen counts the round being recorded: the carried try began at round CARRY_AFTER.
     assert rounds and rounds[0] == (CARRY_AFTER + 1, "chain", True)
     assert spec.stats.choices["plain"] >= CARRY_AFTER and spec.stats.draft_evals > 0
