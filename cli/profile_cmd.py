@@ -87,10 +87,11 @@ def profile(
     draft_threads = settings.draft_threads or len(placement.draft_cpus)
     target_path = resolve_model(settings.target, DEFAULT_TARGET)
     assert target_path is not None
-    # With no model named, the draft `run` uses: the default one in its fastest form here (made
-    # and timed now if it has not been), not the file fetched, which `run` may never load. Chosen
-    # with the draft's threads as `run` places them, so both find the same choice record (with
-    # -t's count instead, on a phone each would time the forms again for its own count).
+    # The draft `run` uses: the default one, unnamed or named by its catalogue name, in its
+    # fastest form here (made and timed now if it has not been), not the file fetched, which
+    # `run` may never load. Chosen with the draft's threads as `run` places them, so both find
+    # the same choice record (with -t's count instead, on a phone each would time the forms
+    # again for its own count).
     draft_path = resolve_draft(settings)
     if overlap and draft_path is None:
         raise BadSettingError("--overlap needs a draft (--draft)")
