@@ -20,13 +20,12 @@ import argparse
 import ast
 import importlib
 import json
-import math
-import statistics
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import geometric_mean
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -81,10 +80,6 @@ def in_force(settings: Sequence[Setting]) -> Iterator[None]:
     finally:
         for m, s, value in zip(modules, settings, old, strict=True):
             setattr(m, s.name, value)
-
-
-def geometric_mean(ratios: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(r) for r in ratios))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
