@@ -1163,9 +1163,15 @@ class Engine:
 
     def _draft_sample(
         self, row: np.ndarray, params: SamplingParams, out: np.ndarray, rng: np.random.Generator
-    ) -> int:
-        """A token drawn from the draft's distribution, which is left in `out` (_draft_probs)."""
-        drawn = sample(self._draft_probs(row, params, out), rng)
+    ) -> tuple[int, float]:
+        """A token drawn from the draft's distribution, which is left in `out` (_draft_probs),
+        and the draft's confidence there (its most likely token's probability)."""
+        own = self._draft_probs(row, params, out)
+        return self._draw(own, rng), float(own.max())
+
+    def _draw(self, own: np.ndarray, rng: np.random.Generator) -> int:
+        """A token id drawn from the draft's distribution over its rows (_draft_probs)."""
+        drawn = sample(own, rng)
         return drawn if self._draft_id_list is None else self._draft_id_list[drawn]
 
     def _draft_rows(self, n: int) -> np.ndarray:
@@ -1291,13 +1297,20 @@ class Engine:
         return decided
 
     def _draft_chain(
-        self, run: _Run, k: int, keep_going: Callable[[list[float]], bool] | None = None
+        self,
+        run: _Run,
+        k: int,
+        keep_going: Callable[[list[float]], bool] | None = None,
+        take: Callable[[list[float], float], bool] | None = None,
     ) -> tuple[list[int], list[float]]:
-        """Up to k draft tokens continuing the committed ones, and the draft's confidence in each.
+        """Up to k draft tokens continuing the committed ones, and the draft's confidence in each:
+        its probability of its most likely token there (greedy: the token it drafts).
 
         Greedy: the draft's argmax; sampling: a draw from its (filtered) distribution, kept in the
-        q rows for the verification. `keep_going(confidences)` may stop drafting early. A chain
-        starts with what the pipeline drafted ahead, where the verification left it standing.
+        q rows for the verification. `keep_going(confidences)` may stop drafting early. Sampling,
+        `take(confidences, confidence)` may also stop the chain before the next token is drawn,
+        from the draft's confidence there (see _auto_chain). A chain starts with what the
+        pipeline drafted ahead, where the verification left it standing.
         """
         draft, draft_ctx, params = self.draft, self.draft_ctx, run.sampling
         assert draft is not None and draft_ctx is not None
@@ -1310,6 +1323,9 @@ class Engine:
         t_start = time.perf_counter()
         n_ahead = len(proposed)
         for n in range(1, min(n_ahead, k) + 1):  # the head start, as far as it goes on
+            if take is not None and not take(confidences[: n - 1], confidences[n - 1]):
+                k = n - 1
+                break
             if draft.is_eog(proposed[n - 1]) or (
                 keep_going is not None and not keep_going(confidences[:n])
             ):
@@ -1326,8 +1342,9 @@ class Engine:
         else:
             row = self._draft_root(run)
             pos = run.draft_cached
-        start = len(proposed)
+        start = evaluated = len(proposed)
         for i in range(start, k):
+            evaluated += 1  # a row of the draft's, whether or not its token is taken
             if i:
                 row = draft_ctx.decode(proposed[-1:], pos)[-1]
                 pos += 1
@@ -1340,14 +1357,18 @@ class Engine:
                 token, confidence = self._draft_candidates(row, 1)[0]
                 confidences.append(confidence)
             else:
-                token = self._draft_sample(row, params, q_rows[i], run.rng)
-                confidences.append(float(q_rows[i][token]))
+                own = self._draft_probs(row, params, q_rows[i])
+                confidence = float(own.max())
+                if take is not None and not take(confidences, confidence):
+                    break
+                token = self._draw(own, run.rng)
+                confidences.append(confidence)
             proposed.append(token)
             if draft.is_eog(token) or (keep_going is not None and not keep_going(confidences)):
                 break
         run.draft_cached = pos
         t_end = time.perf_counter()
-        evaluated = len(proposed) - start
+        evaluated -= start
         run.stats.draft_s += t_end - t_start
         run.stats.draft_evals += evaluated
         run.draft_step_s = (t_end - t_start - run.catch_up_s) / evaluated if evaluated else 0.0
@@ -1517,8 +1538,7 @@ class Engine:
                 last, confidence = self._draft_candidates(row, 1)[0]
             else:
                 q = q_rows[n_proposed + len(tokens)]
-                last = self._draft_sample(row, params, q, run.rng)
-                confidence = float(q[last])
+                last, confidence = self._draft_sample(row, params, q, run.rng)
             tokens.append(last)
             confidences.append(confidence)
             reach *= calibrator.predict(confidence)
@@ -1694,7 +1714,21 @@ class Engine:
                 return len(accept_probs) < 2  # chain mode, a first pass stands for a step)
             return worth_drafting_on(accept_probs, accept_probs[-1], costs)
 
-        drafted = proposed, confidences = self._draft_chain(run, limit, keep_going)
+        def take(confidences: list[float], confidence: float) -> bool:
+            # Sampling: whether the next token is worth its place in the pass, asked before it
+            # is drawn, from how sure the draft is there. Asked after the draw, of the token
+            # drawn, it would tilt the text towards the draft's favourites (see below); unasked,
+            # every chain verified at least one token, and a chain of one costs 1.6 plain steps
+            # on the Emerald Rapids' curve: on prose the draft gets wrong, `chain` made 0.63-0.78x
+            # plain decoding, a token every 2.1-2.3 steps (2026-12-01).
+            if not costs.measured:
+                return True
+            return worth_drafting_on(accept_probs, calibrator.predict(confidence), costs)
+
+        sampled = not run.sampling.greedy
+        drafted = proposed, confidences = self._draft_chain(
+            run, limit, keep_going, take if sampled else None
+        )
         if run.draft_step_s:
             costs.record_draft_step(run.draft_step_s)
         if costs.measured and len(accept_probs) == len(proposed) and run.sampling.greedy:

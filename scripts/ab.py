@@ -1,7 +1,7 @@
 """A/B of one change to edgespec's constants, on the bench's prompts, in one process.
 
     .venv/bin/python scripts/ab.py --set policy.CARRY_AFTER=1000 [--mode auto] [--classes code]
-        [--repeats 2] [-n TOKENS] [--target T --draft D] [--prompts FILE] [--json OUT]
+        [--repeats 2] [-n TOKENS] [--temp T] [--target T --draft D] [--prompts FILE] [--json OUT]
 
 Arm A runs edgespec as it is; arm B with each `--set MODULE.NAME=VALUE` in force (a constant of
 edgespec.MODULE, set only while B loads and generates). Each arm has its own engine, which keeps
@@ -11,7 +11,8 @@ each arm's speed is paired with that plain run's (as bench.paired_ratios), and B
 ratio of the two, with a 95 % interval for the run's timing noise. Two bench runs, one before and
 one after a change, are an hour apart on a machine whose plain repeats differ by a fifth; paired
 per prompt here, a change of a few percent shows (the carried arm, 2026-11-30: code 1.69 ->
-1.80x). Models as `edgespec run` takes them by default.
+1.80x). Models as `edgespec run` takes them by default. With `--temp`, every run samples, repeat r
+with seed r (as the bench does): the three runs of a pair draw from the same seed.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--classes", help="prompt classes, comma-separated (default: all)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, help="tokens per prompt (default: its own)")
+    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     ap.add_argument("--target", help="target GGUF or catalogue name (default: run's)")
     ap.add_argument("--draft", help="draft GGUF or catalogue name (default: run's)")
     ap.add_argument("--prompts", type=Path, help="a prompts TOML (default: the bench's suite)")
@@ -108,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("nothing to compare: give arm B at least one --set")
         if args.repeats < 1:
             raise ValueError(f"--repeats must be at least 1 (got {args.repeats})")
+        if not args.temp >= 0:
+            raise ValueError(f"--temp must be 0 (greedy) or more (got {args.temp})")
         classes = args.classes.split(",") if args.classes else None
         prompts = load_prompts(args.prompts, classes)
         if args.max_tokens is not None:
@@ -127,12 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     print(f"A: as it is; B: {', '.join(args.settings)}; mode {args.mode}; {draft and draft.name}")
-    ratios, rounds = run_pairs(plain, engines, settings, prompts, args.repeats, args.mode)
+    ratios, rounds = run_pairs(
+        plain, engines, settings, prompts, args.repeats, args.mode, args.temp
+    )
     print("geometric means over prompts and repeats, x plain decoding:")
     for line in summary(prompts, ratios):
         print(line)
     if args.json is not None:
-        report = {"settings": args.settings, "mode": args.mode, "ratios": ratios}
+        report = {"settings": args.settings, "mode": args.mode, "temp": args.temp}
+        report |= {"ratios": ratios}
         args.json.write_text(json.dumps(report | {"rounds": rounds}, indent=1) + "\n")
     return 0
 
@@ -147,15 +154,17 @@ def run_pairs(
     prompts: Sequence[BenchPrompt],
     repeats: int,
     mode: str,
+    temp: float = 0.0,
 ) -> tuple[Ratios, dict[str, dict[str, list[dict[str, int]]]]]:
     """Every repeat and prompt: plain decoding, then arms A and B (B first on odd repeats), each
     paired with that plain run. A line each; the ratios, and each run's rounds by kind."""
     ratios: Ratios = {"A": {}, "B": {}}
     rounds: dict[str, dict[str, list[dict[str, int]]]] = {"A": {}, "B": {}}
     for repeat in range(repeats):
+        sampling = {"temperature": temp, "seed": repeat} if temp > 0 else {}
         for p in prompts:
             tokens = plain.prompt_tokens(p.text)
-            base = plain.generate(tokens, max_tokens=p.max_tokens, mode="target")
+            base = plain.generate(tokens, max_tokens=p.max_tokens, mode="target", **sampling)
             plain_rate = base.stats.tokens_per_s
             if plain_rate <= 0:  # an end of text first: no speed to compare
                 print(f"{p.name:24s} plain decoding made nothing: left out", flush=True)
@@ -163,12 +172,14 @@ def run_pairs(
             line = [f"{p.name:24s} plain {plain_rate:5.1f} tok/s"]
             for name in ("A", "B") if repeat % 2 == 0 else ("B", "A"):
                 with in_force(settings if name == "B" else ()):
-                    result = engines[name].generate(tokens, max_tokens=p.max_tokens, mode=mode)
+                    result = engines[name].generate(
+                        tokens, max_tokens=p.max_tokens, mode=mode, **sampling
+                    )
                 stats = result.stats
                 ratio = stats.tokens_per_s / plain_rate
                 ratios[name].setdefault(p.name, []).append(ratio)
                 rounds[name].setdefault(p.name, []).append(dict(stats.choices))
-                same = "" if result.tokens == base.tokens else " (text differs)"
+                same = "" if sampling or result.tokens == base.tokens else " (text differs)"
                 line.append(f"{name} {ratio:.2f}{same} {dict(stats.choices)}")
             print(" | ".join(line), flush=True)
     return ratios, rounds

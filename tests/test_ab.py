@@ -62,6 +62,17 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_model_loads(tmp_path):
     assert run.stderr == "error: --set policy.NO_SUCH: edgespec.policy has no NO_SUCH\n"
 
 
+def test_a_negative_temperature_is_one_line_and_exit_2_before_any_model_loads(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--set", "policy.MARGIN=1.0", "--temp", "-1",
+         "--target", "missing.gguf"],
+        capture_output=True, text=True,
+        env={**os.environ, "EDGESPEC_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr == "error: --temp must be 0 (greedy) or more (got -1.0)\n"
+
+
 def test_arm_b_runs_with_the_change_and_arm_a_without_it(tmp_path, smol_path, smol_q4_0):
     """No n-gram proposal can be made in B (none longer than 0 tokens), where A copies; both
     are paired with the same plain runs, each repeat."""

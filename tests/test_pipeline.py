@@ -100,13 +100,13 @@ def carried_starts(
     starts = []
     draft_chain = engine._draft_chain
 
-    def recording(run, k, keep_going=None):
+    def recording(run, k, *rules):
         ahead = run.ahead
         if ahead is not None and ahead.at == len(run.tokens):
             q_rows = engine._q_rows[: len(ahead.tokens)].copy()  # none when greedy
             logits = draft_logits_in_its_cache(engine, run.tokens, ahead.tokens)
             starts.append((list(run.tokens), list(ahead.tokens), q_rows, logits))
-        return draft_chain(run, k, keep_going)
+        return draft_chain(run, k, *rules)
 
     engine._draft_chain = recording
     try:

@@ -456,6 +456,51 @@ def test_the_check_catches_a_chain_that_verifies_only_the_draws_the_draft_was_su
     assert not follows(tokens[:, 0], p_rows[0])
 
 
+def first_two_tokens_by_chains(
+    cut_on_the_draw: bool, seed: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first two tokens of a toy model whose second position depends on the first (rows
+    p2[x1], q2[x1]), N_SAMPLES times, by one chain round: x1 drafted, then x2 only where the
+    draft is at least 0.3 sure there (engine: _auto_chain's `take`). The draft is, after an even
+    x1 (its row overconfident), else not. `cut_on_the_draw`: the wrong rule, x2 drafted where the
+    draft gave x2 itself 0.3 or more. Tokens the round leaves undecided are the target's own
+    draws. Returns the tokens and their exact joint distribution."""
+    rng = np.random.default_rng(seed)
+    p1, q1 = target_and_draft(seed * 100)
+    rows = [
+        target_and_draft(seed * 100 + 1 + t, overconfident_draft=t % 2 == 0) for t in range(VOCAB)
+    ]
+    p2, q2 = [p for p, _ in rows], [q for _, q in rows]
+    tokens = np.empty((N_SAMPLES, 2), dtype=np.int64)
+    for pair in tokens:
+        x1 = sample(q1, rng)
+        chain, q_rows = [x1], [q1]
+        if cut_on_the_draw:
+            x2 = sample(q2[x1], rng)
+            if q2[x1][x2] >= 0.3:
+                chain.append(x2)
+                q_rows.append(q2[x1])
+        elif q2[x1].max() >= 0.3:
+            chain.append(sample(q2[x1], rng))
+            q_rows.append(q2[x1])
+        n_ok, next_token = accept_chain(chain, q_rows, [p1, p2[x1], p1][: len(chain) + 1], rng)
+        decided = [*chain[:n_ok], next_token]
+        if len(decided) == 1:
+            decided.append(sample(p2[decided[0]], rng))
+        pair[:] = decided[:2]
+    return tokens, (p1[:, None] * np.array(p2)).ravel()
+
+
+def test_a_chain_stopped_before_a_draw_by_the_drafts_confidence_there_is_exact():
+    tokens, joint = first_two_tokens_by_chains(cut_on_the_draw=False)
+    assert follows(joint_cells(tokens), joint)
+
+
+def test_the_check_catches_a_chain_stopped_by_the_draw_itself():
+    tokens, joint = first_two_tokens_by_chains(cut_on_the_draw=True)
+    assert not follows(joint_cells(tokens), joint)
+
+
 def test_chain_validates_its_rows_and_draft_tokens():
     p, q = target_and_draft(0)
     rng = np.random.default_rng(0)

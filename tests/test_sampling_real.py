@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import edgespec
-from edgespec.policy import Costs
+import edgespec.engine
+from edgespec.policy import Calibrator, Costs
 from edgespec.sampling import SamplingParams, probs_from_logits
 
 from .conftest import N_CTX
@@ -30,6 +31,10 @@ PROMPT = "My favourite food is"  # a spread-out first token: 15-24 cells to comp
 NGRAM_PROMPT = "My favourite food is pizza. My favourite food is"
 MODE_SETTINGS = {"ngram": {"draft_max": 4}}
 N = 600  # generations per mode and setting
+# The draft's confidence at which a sampled chain drafts its next token in the test of that
+# rule, at temperature 0.7: the Q2_K draft is 0.38 sure of its favourite after PROMPT, and at
+# least this sure after PROMPT and a first token drawn from it about two times in three.
+CUT = 0.35
 SETTINGS = {
     "temp 1": dict(temperature=1.0),
     "temp 0.8, top-k 20, top-p 0.9": dict(temperature=0.8, top_k=20, top_p=0.9),
@@ -121,6 +126,49 @@ def test_auto_keeps_the_target_distribution_through_its_speculative_rounds(
     assert speculative > N / 2
     ok, stat, crit = chi_square_passes(observed, triples, N)
     assert ok, f"first three tokens: chi-square {stat:.1f} >= {crit:.1f} ({len(triples)} cells)"
+
+
+def test_a_sampled_chain_stopped_before_a_draw_keeps_the_target_distribution(
+    q2_draft_engine, monkeypatch
+):
+    """A sampled chain may stop before its next token is drawn, where the draft is unsure there
+    (Engine._auto_chain): whether the second token is drafted depends on the first, never on
+    itself. Here the draft's confidence decides alone (the device's costs and the calibration
+    set aside): the first token is always drafted, the second only where the draft is at least
+    CUT sure of its favourite after the first, two times in three; the first two tokens keep
+    the target's distribution. (This checks the engine's path; that the check catches a chain
+    cut by the draw itself is shown on a toy model in test_sampling, with 100k samples: on this
+    prompt, 1,500 generations did not tell such a cut apart.)"""
+    engine = q2_draft_engine
+    first_chains: list[int] = []  # tokens drafted by each generation's first chain
+    draft_chain = edgespec.engine.Engine._draft_chain
+
+    def recording(self, run, k, *rules):
+        drafted = draft_chain(self, run, k, *rules)
+        if not run.generated:
+            first_chains.append(len(drafted[0]))
+        return drafted
+
+    def sure_enough(accept_probs, next_guess, costs, horizon=8) -> bool:
+        return next_guess >= CUT
+
+    monkeypatch.setattr(edgespec.engine.Engine, "_draft_chain", recording)
+    monkeypatch.setattr(Costs, "measured", property(lambda costs: True))
+    monkeypatch.setattr(Calibrator, "predict", lambda calibrator, confidence: confidence)
+    monkeypatch.setattr(edgespec.engine, "worth_drafting_on", sure_enough)
+    setting = dict(temperature=0.7)  # 17 cells hold a third of the mass
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
+    pairs = Counter()
+    for seed in range(N):
+        result = engine.generate(
+            prompt, max_tokens=3, mode="chain", seed=seed, ngram=False, **setting
+        )
+        pairs[tuple(result.tokens[:2])] += 1
+    assert len(first_chains) == N and min(first_chains) == 1
+    assert N / 5 < first_chains.count(2) < N * 4 / 5, f"{first_chains.count(2)} of {N} took two"
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
 
 
 @pytest.fixture(scope="module")
