@@ -1379,7 +1379,9 @@ def test_a_greedy_chain_is_verified_as_far_as_it_pays_a_sampled_one_whole(
 ):
     """Verifying only a sampled chain's likely draws tilts the output towards the draft's
     favourites (test_sampling: p = .5/.3/.2 came out .60/.26/.14); a greedy chain's unlikely
-    tail is left unverified where it does not pay for its place in the pass."""
+    tail is left unverified where it does not pay for its place in the pass. (Drafting is let
+    run on: SmolLM2 drafting for itself costs a target step a token, where a sampled chain now
+    stops before its first draw.)"""
     from edgespec import engine as engine_module
 
     priced = []
@@ -1390,6 +1392,7 @@ def test_a_greedy_chain_is_verified_as_far_as_it_pays_a_sampled_one_whole(
         return real(accept_probs, costs)
 
     monkeypatch.setattr(engine_module, "best_proposal_length", spy)  # n-gram off: chains alone
+    monkeypatch.setattr(engine_module, "worth_drafting_on", lambda *args, **kwargs: True)
     result = self_draft_engine.generate(
         PROMPTS[0], max_tokens=48, mode="chain", ngram=False, temperature=temperature, seed=1
     )
