@@ -1716,14 +1716,16 @@ class Engine:
 
         def take(confidences: list[float], confidence: float) -> bool:
             # Sampling: whether the next token is worth its place in the pass, asked before it
-            # is drawn, from how sure the draft is there. Asked after the draw, of the token
-            # drawn, it would tilt the text towards the draft's favourites (see below); unasked,
-            # every chain verified at least one token, and a chain of one costs 1.6 plain steps
-            # on the Emerald Rapids' curve: on prose the draft gets wrong, `chain` made 0.63-0.78x
-            # plain decoding, a token every 2.1-2.3 steps (2026-12-01).
+            # is drawn, from how sure the draft is there (its row evaluated: that step is spent).
+            # Asked after the draw, of the token drawn, it would tilt the text towards the
+            # draft's favourites (see below); unasked, every chain verified at least one token,
+            # and a chain of one costs 1.6 plain steps on the Emerald Rapids' curve: on prose
+            # the draft gets wrong, `chain` made 0.63-0.78x plain decoding, a token every 2.1-2.3
+            # steps (2026-12-01).
             if not costs.measured:
                 return True
-            return worth_drafting_on(accept_probs, calibrator.predict(confidence), costs)
+            guess = calibrator.predict(confidence)
+            return worth_drafting_on(accept_probs, guess, costs, evaluated=True)
 
         sampled = not run.sampling.greedy
         drafted = proposed, confidences = self._draft_chain(

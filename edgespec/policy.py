@@ -330,16 +330,21 @@ def expected_tokens(accept_probs: Sequence[float]) -> float:
 
 
 def worth_drafting_on(
-    accept_probs: list[float], next_guess: float, costs: Costs, horizon: int = 8
+    accept_probs: list[float],
+    next_guess: float,
+    costs: Costs,
+    horizon: int = 8,
+    evaluated: bool = False,
 ) -> bool:
     """Whether drafting more raises the expected rate (dynamic draft length): a chain is a tree
-    of one branch (worth_growing)."""
+    of one branch (worth_growing). `evaluated`: the next token's row is evaluated already (a
+    sampled chain asks before it draws there), its draft step spent whichever way this goes."""
     tokens, reach = 1.0, 1.0  # expected_tokens(accept_probs), and the last token's reach
     for p in accept_probs:
         reach *= p
         tokens += reach
     k = len(accept_probs)
-    return worth_growing(tokens, k + 1, k, reach, next_guess, costs, horizon)
+    return worth_growing(tokens, k + 1, k, reach, next_guess, costs, horizon, int(evaluated))
 
 
 def worth_growing(
@@ -350,6 +355,7 @@ def worth_growing(
     next_guess: float,
     costs: Costs,
     horizon: int = 8,
+    spent: int = 0,
 ) -> bool:
     """Whether more draft evaluations raise the expected rate of a round that would, verified
     now, yield `tokens` (the target's own plus each drafted token's chance of being accepted)
@@ -357,15 +363,16 @@ def worth_growing(
     one token to the branch being extended, whose leaf is reached with chance `reach`, each as
     likely as `next_guess`. Looks several tokens ahead: the cost curve is not smooth (a batch of
     4 or 16 verifies relatively cheaply here), so one more token can look bad where a few more
-    are good.
+    are good. `spent`: evaluations already made for the next tokens (paid for either way).
     """
     assert costs.draft_s.value is not None
     draft_s = costs.draft_s.value
-    now = tokens / (draft_evals * draft_s + costs.verify_s(verified))
+    now = tokens / ((draft_evals + spent) * draft_s + costs.verify_s(verified))
     for extra in range(1, horizon + 1):
         reach *= next_guess
         tokens += reach
-        if tokens / ((draft_evals + extra) * draft_s + costs.verify_s(verified + extra)) > now:
+        evals = draft_evals + max(extra, spent)
+        if tokens / (evals * draft_s + costs.verify_s(verified + extra)) > now:
             return True
     return False
 

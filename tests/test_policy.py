@@ -136,6 +136,25 @@ def test_drafting_on_means_some_longer_chain_of_equally_likely_tokens_has_a_high
         assert worth_drafting_on(probs, guess, c) == expected
 
 
+def test_a_token_whose_row_is_made_is_judged_with_that_draft_step_paid_for():
+    """A sampled chain asks before each draw whether the token pays its place in the pass: the
+    draft step that made its row is spent whichever way the answer goes, so stopping there is
+    priced with it (by brute force over chain_rate, on random chains and costs). A draft as dear
+    as the target: its first token, 0.7 likely, pays for a pass of two only once its row is
+    made."""
+    rng = random.Random(8)
+    for _ in range(300):
+        c = costs(step_s=0.03, draft_s=rng.uniform(0.002, 0.03))
+        probs = [rng.random() for _ in range(rng.randint(0, 6))]
+        guess, k = rng.random(), len(probs)
+        longer = [probs + [guess] * extra for extra in range(1, 9)]
+        expected = any(chain_rate(p, c, len(p)) > chain_rate(probs, c, k + 1) for p in longer)
+        assert worth_drafting_on(probs, guess, c, evaluated=True) == expected
+    dear = costs(step_s=0.03, draft_s=0.03)
+    assert not worth_drafting_on([], 0.7, dear, horizon=1)
+    assert worth_drafting_on([], 0.7, dear, horizon=1, evaluated=True)
+
+
 def test_drafting_on_looks_the_whole_horizon_ahead():
     """A pass that is cheap exactly `horizon` tokens further on (a sweet spot, as 16 is on a
     saw-shaped curve) is seen; one a token further is not."""
