@@ -128,7 +128,7 @@ def test_a_greedy_chains_weak_tail_goes_unverified_but_every_sampled_draw_is_ver
     from edgespec.engine import Engine
 
     # Chains of four, whatever the tokens' chances: tails as weak as the draft makes them.
-    monkeypatch.setattr(engine_module, "worth_drafting_on", lambda probs, *_: len(probs) < 4)
+    monkeypatch.setattr(engine_module, "worth_drafting_on", lambda probs, *_, **__: len(probs) < 4)
     verified_and_drafted: list[tuple[int, int]] = []
     verify_chain = Engine._verify_chain
 

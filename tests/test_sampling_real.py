@@ -149,7 +149,7 @@ def test_a_sampled_chain_stopped_before_a_draw_keeps_the_target_distribution(
             first_chains.append(len(drafted[0]))
         return drafted
 
-    def sure_enough(accept_probs, next_guess, costs, horizon=8) -> bool:
+    def sure_enough(accept_probs, next_guess, costs, **_) -> bool:
         return next_guess >= CUT
 
     monkeypatch.setattr(edgespec.engine.Engine, "_draft_chain", recording)
