@@ -1727,10 +1727,8 @@ class Engine:
             guess = calibrator.predict(confidence)
             return worth_drafting_on(accept_probs, guess, costs, evaluated=True)
 
-        sampled = not run.sampling.greedy
-        drafted = proposed, confidences = self._draft_chain(
-            run, limit, keep_going, take if sampled else None
-        )
+        sampled_take = None if run.sampling.greedy else take
+        drafted = proposed, confidences = self._draft_chain(run, limit, keep_going, sampled_take)
         if run.draft_step_s:
             costs.record_draft_step(run.draft_step_s)
         if costs.measured and len(accept_probs) == len(proposed) and run.sampling.greedy:

@@ -139,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     if args.json is not None:
         report = {"settings": args.settings, "mode": args.mode, "temp": args.temp}
-        report |= {"ratios": ratios}
-        args.json.write_text(json.dumps(report | {"rounds": rounds}, indent=1) + "\n")
+        report |= {"ratios": ratios, "rounds": rounds}
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

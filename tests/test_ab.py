@@ -73,9 +73,10 @@ def test_a_negative_temperature_is_one_line_and_exit_2_before_any_model_loads(tm
     assert run.stderr == "error: --temp must be 0 (greedy) or more (got -1.0)\n"
 
 
-def test_arm_b_runs_with_the_change_and_arm_a_without_it(tmp_path, smol_path, smol_q4_0):
+@pytest.mark.parametrize("temp", ["0", "0.3"])
+def test_arm_b_runs_with_the_change_and_arm_a_without_it(tmp_path, smol_path, smol_q4_0, temp):
     """No n-gram proposal can be made in B (none longer than 0 tokens), where A copies; both
-    are paired with the same plain runs, each repeat."""
+    are paired with the same plain runs, each repeat; greedy, or sampling (--temp)."""
     prompts = tmp_path / "prompts.toml"
     prompts.write_text(
         f"[[prompts]]\nname = 'copy'\nclass = 'edit'\nmax_tokens = 60\ntext = '''{COPY_PROMPT}'''\n"
@@ -84,11 +85,12 @@ def test_arm_b_runs_with_the_change_and_arm_a_without_it(tmp_path, smol_path, sm
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--set", "engine.MAX_NGRAM_DRAFT=0", "--mode", "ngram",
          "--repeats", "2", "--target", str(smol_path), "--draft", str(smol_q4_0),
-         "--prompts", str(prompts), "--n-ctx", "1024", "--json", str(out)],
+         "--prompts", str(prompts), "--n-ctx", "1024", "--json", str(out), "--temp", temp],
         capture_output=True, text=True, check=True,
         env={**os.environ, "EDGESPEC_HOME": str(tmp_path / "home")},
     )  # fmt: skip
     report = json.loads(out.read_text())
+    assert report["temp"] == float(temp)
     assert [r.get("ngram", 0) > 0 for r in report["rounds"]["A"]["copy"]] == [True, True]
     assert [r.get("ngram", 0) for r in report["rounds"]["B"]["copy"]] == [0, 0]
     assert all(len(report["ratios"][arm]["copy"]) == 2 for arm in "AB")

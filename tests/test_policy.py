@@ -124,32 +124,25 @@ def test_drafting_stops_when_the_next_token_is_unlikely_to_be_accepted():
     assert not worth_drafting_on([0.9, 0.9], 0.05, c)
 
 
-def test_drafting_on_means_some_longer_chain_of_equally_likely_tokens_has_a_higher_rate():
-    """The definition, by brute force over chain_rate, on random chains and costs."""
+@pytest.mark.parametrize("evaluated", [False, True])
+def test_drafting_on_means_some_longer_chain_of_equally_likely_tokens_has_a_higher_rate(evaluated):
+    """The definition, by brute force over chain_rate, on random chains and costs. `evaluated`:
+    the next token's row is made already (a sampled chain asks before each draw), so stopping
+    there is priced with its draft step, spent whichever way the answer goes."""
     rng = random.Random(7)
-    for _ in range(300):
-        c = costs(step_s=0.03, draft_s=rng.uniform(0.002, 0.03))
-        probs = [rng.random() for _ in range(rng.randint(1, 6))]
-        guess, k = rng.random(), len(probs)
-        longer = [probs + [guess] * extra for extra in range(1, 9)]
-        expected = any(chain_rate(p, c, len(p)) > chain_rate(probs, c, k) for p in longer)
-        assert worth_drafting_on(probs, guess, c) == expected
-
-
-def test_a_token_whose_row_is_made_is_judged_with_that_draft_step_paid_for():
-    """A sampled chain asks before each draw whether the token pays its place in the pass: the
-    draft step that made its row is spent whichever way the answer goes, so stopping there is
-    priced with it (by brute force over chain_rate, on random chains and costs). A draft as dear
-    as the target: its first token, 0.7 likely, pays for a pass of two only once its row is
-    made."""
-    rng = random.Random(8)
     for _ in range(300):
         c = costs(step_s=0.03, draft_s=rng.uniform(0.002, 0.03))
         probs = [rng.random() for _ in range(rng.randint(0, 6))]
         guess, k = rng.random(), len(probs)
         longer = [probs + [guess] * extra for extra in range(1, 9)]
-        expected = any(chain_rate(p, c, len(p)) > chain_rate(probs, c, k + 1) for p in longer)
-        assert worth_drafting_on(probs, guess, c, evaluated=True) == expected
+        stop = chain_rate(probs, c, k + evaluated)
+        expected = any(chain_rate(p, c, len(p)) > stop for p in longer)
+        assert worth_drafting_on(probs, guess, c, evaluated=evaluated) == expected
+
+
+def test_a_dear_drafts_first_token_pays_only_once_its_row_is_made():
+    """A draft as dear as the target: its first token, 0.7 likely, is not worth a draft step and
+    a pass of two, but is worth the pass once the step is spent."""
     dear = costs(step_s=0.03, draft_s=0.03)
     assert not worth_drafting_on([], 0.7, dear, horizon=1)
     assert worth_drafting_on([], 0.7, dear, horizon=1, evaluated=True)
