@@ -90,6 +90,7 @@ from .tree import (
     greedy_accept,
     may_branch,
     sampled_accept,
+    sampled_children,
     summarize,
     top_candidates,
     verification_batch,
@@ -163,7 +164,7 @@ class GenerationConfig:
     # Chain and tree modes also draft with the n-gram drafter: a round of its own where its
     # proposal promises more than the model (copied text), and a branch of greedy trees.
     ngram: bool = True
-    calibrated: bool = True  # greedy trees weigh draft tokens by their learnt acceptance
+    calibrated: bool = True  # trees weigh draft tokens by their learnt acceptance
 
     @property
     def sampling(self) -> SamplingParams:
@@ -172,14 +173,13 @@ class GenerationConfig:
     def alpha_rule(self) -> tuple[float, bool]:
         """The tree's first alpha and whether it adapts, where not given.
 
-        Calibrated confidences (greedy trees by default) are chances that the target accepts the
+        Calibrated confidences (trees by default) are chances that the target accepts the
         branch, and for a given amount of drafting the most tokens come from stopping at a fixed
-        such chance: FIXED_ALPHA, measured here. The draft's raw probabilities (sampling,
-        --raw-confidence) are no such chances; LLMCad's rule from 0.01 on learns how far to
+        such chance: FIXED_ALPHA, measured here. The draft's raw probabilities
+        (--raw-confidence) are no such chances; LLMCad's rule from 0.01 on learns how far to
         trust them.
         """
-        calibrated = self.calibrated and self.temperature == 0
-        adaptive = not calibrated if self.adaptive_alpha is None else self.adaptive_alpha
+        adaptive = not self.calibrated if self.adaptive_alpha is None else self.adaptive_alpha
         default = LLMCAD_ALPHA0 if adaptive else FIXED_ALPHA
         return (default if self.alpha0 is None else self.alpha0), adaptive
 
@@ -1770,11 +1770,13 @@ class Engine:
         # Sampling: children are draws from the draft's distribution, kept per node for the
         # verification (SpecInfer); node i's distribution is row i of the reused buffer.
         draws: dict[int, list[int]] = {}
-        # Greedy: each evaluated node's draft argmax and its probability, for the calibrator.
+        # Greedy: each evaluated node's draft argmax and its probability, for the calibrator;
+        # sampling: the probability of the draft's most likely token there (its confidence).
         argmax_of: dict[int, tuple[int, float]] = {}
+        sureness_of: dict[int, float] = {}
         q_rows = self._draft_rows(cfg.max_nodes) if not params.greedy else self._q_rows
         # Calibrated confidences are chances of acceptance: the round can be priced.
-        priced = params.greedy and cfg.calibrated
+        priced = cfg.calibrated
         evals = 0
         t0 = time.perf_counter()
         while (cause := verify_cause(tree, run.alpha, trigger)) is None:
@@ -1808,14 +1810,25 @@ class Engine:
             else:
                 probs = q_rows[node]
                 own_rows = self._draft_probs(row, params, probs)  # drawn from: fewer rows
-                # As many draws as the draft has likely candidates, decided before drawing: the
-                # count may depend on q, never on the draws themselves.
+                sureness = float(own_rows.max())
+                chance = run.calibrator.predict(sureness) if priced else None
+                # Whether this node's children are worth their places in the pass, and how many
+                # to draw (as many as the draft has likely candidates), are decided before they
+                # are drawn: from q, never from the draws themselves (as a sampled chain stops,
+                # _auto_chain). Where not worth it the node stays a leaf, its step spent.
+                if chance is not None and not self._children_worth_drawing(
+                    run, tree, node, evals, chance
+                ):
+                    tree.nodes[node].evaluated = True
+                    cause = "cost"
+                    break
                 room_for = cfg.max_branches - len(tree.branches) + 1
                 likely = int(np.count_nonzero(own_rows >= cfg.branch_p))
                 drawn = draw_children(own_rows, max(1, min(room_for, likely)), run.rng)
                 ids = self._draft_id_list
                 draws[node] = drawn if ids is None else [ids[t] for t in drawn]
-                children = [(t, float(probs[t])) for t in dict.fromkeys(draws[node])]
+                sureness_of[node] = sureness
+                children = sampled_children(draws[node], probs, chance)
             copies = tree.expand(
                 branch,
                 children,
@@ -1829,9 +1842,10 @@ class Engine:
         stats.draft_s += drafting_s
         if evals:  # catching the draft up on the root's backlog aside, as in chains
             run.costs.record_draft_step((drafting_s - run.catch_up_s) / evals)
-        if priced and run.costs.measured:
+        if priced and params.greedy and run.costs.measured:
             # The drafting is paid for; verify only the nodes likely enough to pay for their
-            # slot in the pass, as a chain leaves its weak tail.
+            # slot in the pass, as a chain leaves its weak tail. (Greedy only: a sampled node
+            # must be verified whatever its draw turned out to be, see _auto_chain.)
             surest = tree.surest_nodes()
             size, _ = best_pass_size((tree.nodes[n].confidence for n in surest), run.costs)
             if size < len(surest):
@@ -1867,6 +1881,15 @@ class Engine:
                 run.rng,
                 overwrite_target_rows=True,
             )
+            # Each node on the accepted path that drew children is one observation of whether
+            # the target took a draw made where the draft was that sure: its first (a chain's).
+            path = accepted.path
+            for i, node in enumerate(path):
+                if node in sureness_of:
+                    taken = path[i + 1] if i + 1 < len(path) else None
+                    first = draws[node][0]
+                    hit = taken is not None and tree.nodes[taken].token == first
+                    run.calibrator.record(sureness_of[node], hit)
         stats.target_passes += 1
         if len(tree.nodes) > 1:
             stats.record_verification(len(tree.nodes) - 1, len(accepted.tokens))
@@ -1901,6 +1924,20 @@ class Engine:
         leaf = max((tree.leaf(b) for b in tree.open_branches()), key=lambda n: n.confidence)
         verified = len(tree.nodes)
         return worth_growing(tokens, verified, draft_evals, leaf.confidence, leaf.prob, run.costs)
+
+    @staticmethod
+    def _children_worth_drawing(
+        run: _Run, tree: TokenTree, node: int, draft_evals: int, chance: float
+    ) -> bool:
+        """Sampling: whether children drawn at `node`, just evaluated (its step spent), are
+        expected to raise the round's rate, each first draw accepted with `chance`; yes until a
+        step and a draft step are timed. As _tree_worth_growing, asked before the draw."""
+        if not run.costs.measured:
+            return True
+        tokens = 1.0 + sum(n.confidence for n in tree.nodes[1:])
+        reach = tree.nodes[node].confidence
+        verified = len(tree.nodes)
+        return worth_growing(tokens, verified, draft_evals - 1, reach, chance, run.costs, spent=1)
 
     def _graft_ngram(
         self, run: _Run, tree: TokenTree, ngram: Proposal, max_depth: int, max_nodes: int

@@ -278,6 +278,22 @@ def branch_children(
     return [(top, chance_top), *((t, c) for t, c in chances if c >= branch_p)]
 
 
+def sampled_children(
+    draws: Sequence[int], probs: np.ndarray, first_acceptance: float | None = None
+) -> list[tuple[int, float]]:
+    """The distinct tokens of a sampled node's draws (draw_children), in draw order, each with
+    its chance of being the target's token: the draft's probability `probs[token]` (LLMCad), or,
+    given `first_acceptance` (the learnt chance that the target takes the first draw), that for
+    the first, and for each other what the first leaves, in the draft's proportions (as
+    branch_children shares it among runner-ups)."""
+    tokens = list(dict.fromkeys(draws))
+    if first_acceptance is None:
+        return [(token, float(probs[token])) for token in tokens]
+    first, q_first = tokens[0], float(probs[tokens[0]])
+    scale = (1.0 - first_acceptance) / (1.0 - q_first) if q_first < 1.0 else 0.0
+    return [(first, first_acceptance), *((t, float(probs[t]) * scale) for t in tokens[1:])]
+
+
 def may_branch(top_chance: float, branch_p: float) -> bool:
     """Whether any runner-up could start a branch (branch_children) where the argmax's chance of
     being the target's token is `top_chance`: the runner-ups share what the argmax leaves, so

@@ -171,6 +171,43 @@ def test_a_sampled_chain_stopped_before_a_draw_keeps_the_target_distribution(
     assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
 
 
+def test_a_sampled_tree_that_draws_children_by_the_drafts_confidence_keeps_the_distribution(
+    q2_draft_engine, monkeypatch
+):
+    """A sampled tree draws children at a node only where they are worth their places in the
+    pass, decided from the draft's distribution there before they are drawn
+    (Engine._children_worth_drawing): whether a first token gets children depends on that
+    token, never on them. Here the draft's confidence decides alone (costs and calibration set
+    aside): the root always draws, a node after it only where the draft is at least CUT sure
+    there, two times in three; the first two tokens keep the target's distribution."""
+    engine = q2_draft_engine
+    drawn_after_first: list[bool] = []
+
+    def sure_enough(run, tree, node, draft_evals, chance) -> bool:
+        if node == 0:
+            return True
+        drawn_after_first.append(chance >= CUT)
+        return drawn_after_first[-1]
+
+    Engine = edgespec.engine.Engine
+    monkeypatch.setattr(Engine, "_children_worth_drawing", staticmethod(sure_enough))
+    monkeypatch.setattr(Engine, "_tree_worth_growing", staticmethod(lambda *_: True))
+    monkeypatch.setattr(Calibrator, "predict", lambda calibrator, confidence: confidence)
+    setting = dict(temperature=0.7)
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
+    pairs = Counter()
+    for seed in range(N):
+        result = engine.generate(
+            prompt, max_tokens=3, mode="tree", seed=seed, ngram=False, **setting
+        )
+        pairs[tuple(result.tokens[:2])] += 1
+    n = len(drawn_after_first)
+    assert n >= N and n / 5 < sum(drawn_after_first) < n * 4 / 5, f"{sum(drawn_after_first)} of {n}"
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
 @pytest.fixture(scope="module")
 def wider_q2_draft(tmp_path_factory, smol_q2_k):
     """The Q2_K draft with 64 tokens more than the target (Qwen2.5's 0.5B and 7B differ so)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -13,12 +15,14 @@ from edgespec.tree import (
     greedy_accept,
     may_branch,
     sampled_accept,
+    sampled_children,
     summarize,
     top_candidates,
     verification_batch,
 )
 
-from .test_sampling import follows, target_and_draft
+from .test_sampling import N_SAMPLES, follows, joint_cells, target_and_draft
+from .test_sampling import VOCAB as TOY_VOCAB
 
 VOCAB = 50
 EOG = 49
@@ -190,6 +194,15 @@ def test_an_overconfident_draft_branches_on_candidates_below_the_threshold() -> 
 
 def test_a_certain_draft_leaves_nothing_to_its_runners_up() -> None:
     assert branch_children([(1, 1.0), (2, 0.0)], 0.01, top_acceptance=0.5) == [(1, 0.5)]
+
+
+def test_sampled_children_are_the_distinct_draws_in_draw_order_with_their_chances() -> None:
+    q = probs({10: 0.6, 20: 0.3})
+    # Raw (LLMCad): the draft's probability of each; a repeated draw is one child.
+    assert sampled_children([20, 10, 20], q) == [(20, pytest.approx(0.3)), (10, 0.6)]
+    # Calibrated: the first draw is taken with the learnt chance, the others share the rest.
+    children = sampled_children([20, 10, 20], q, first_acceptance=0.5)
+    assert children == [(20, 0.5), (10, pytest.approx(0.6 * 0.5 / 0.7))]
 
 
 @pytest.mark.parametrize("calibrated", [False, True])
@@ -377,6 +390,65 @@ def test_sampled_verification_emits_the_target_distribution_at_each_position(
     assert follows(tokens[:, 0], p0)
     assert follows(tokens[:, 1], p1)
     assert follows(tokens[:, 0] * p0.size + tokens[:, 1], np.outer(p0, p1).ravel())
+
+
+def rows_of(
+    tree: TokenTree, after_token: list[np.ndarray], first: np.ndarray
+) -> Callable[[int], np.ndarray]:
+    """A toy model's distribution after each node of a two-level tree: `first` at the root,
+    after_token[x] after a node of token x."""
+    return lambda node: after_token[tree.nodes[node].token] if node else first
+
+
+def first_two_tokens_by_trees(
+    cut_on_the_draw: bool, seed: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first two tokens of a toy model whose second position depends on the first (rows
+    p2[x1], q2[x1]), N_SAMPLES times, by one tree round: two draws at the root, then under each
+    distinct child x1 a draw of its own only where the draft is at least 0.3 sure after x1
+    (engine: _children_worth_drawing, asked before the draw), which it is after an even x1 (its
+    row overconfident). `cut_on_the_draw`: the wrong rule, the child drawn and kept only where
+    the draft gave it 0.3 or more. Tokens the round leaves undecided are the target's own draws.
+    Returns the tokens and their exact joint distribution."""
+    rng = np.random.default_rng(seed)
+    p1, q1 = target_and_draft(seed * 100)
+    rows = [target_and_draft(seed * 100 + 1 + t, t % 2 == 0) for t in range(TOY_VOCAB)]
+    p2, q2 = [p for p, _ in rows], [q for _, q in rows]
+    budgets = {"max_branches": 4, "max_nodes": 8}
+    tokens = np.empty((N_SAMPLES, 2), dtype=np.int64)
+    for pair in tokens:
+        tree = TokenTree(0)
+        draws = {0: draw_children(q1, 2, rng)}
+        tree.expand(0, [(t, float(q1[t])) for t in dict.fromkeys(draws[0])], **budgets)
+        for branch in range(len(tree.branches)):
+            leaf = tree.branches[branch].leaf
+            x1 = tree.nodes[leaf].token
+            if cut_on_the_draw:
+                drawn = draw_children(q2[x1], 1, rng)
+                if q2[x1][drawn[0]] < 0.3:
+                    continue
+            elif q2[x1].max() >= 0.3:
+                drawn = draw_children(q2[x1], 1, rng)
+            else:
+                continue
+            draws[leaf] = drawn
+            tree.expand(branch, [(drawn[0], float(q2[x1][drawn[0]]))], **budgets)
+        result = sampled_accept(tree, rows_of(tree, p2, p1), rows_of(tree, q2, q1), draws, rng)
+        decided = [*result.tokens, result.bonus]
+        if len(decided) == 1:
+            decided.append(sample(p2[decided[0]], rng))
+        pair[:] = decided[:2]
+    return tokens, (p1[:, None] * np.array(p2)).ravel()
+
+
+def test_a_sampled_tree_that_draws_children_by_the_drafts_confidence_there_is_exact() -> None:
+    tokens, joint = first_two_tokens_by_trees(cut_on_the_draw=False)
+    assert follows(joint_cells(tokens), joint)
+
+
+def test_the_check_catches_a_sampled_tree_that_keeps_a_child_by_its_own_draw() -> None:
+    tokens, joint = first_two_tokens_by_trees(cut_on_the_draw=True)
+    assert not follows(joint_cells(tokens), joint)
 
 
 def test_the_summary_ranks_the_winner_and_scores_the_most_confident_branch() -> None:
