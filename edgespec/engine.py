@@ -1883,13 +1883,12 @@ class Engine:
             )
             # Each node on the accepted path that drew children is one observation of whether
             # the target took a draw made where the draft was that sure: its first (a chain's).
-            path = accepted.path
-            for i, node in enumerate(path):
+            # The token after the path's last node is the bonus: the first draw there, only if
+            # accepted where the budget left it no node.
+            after = [*accepted.tokens, accepted.bonus]
+            for node, token in zip(accepted.path, after, strict=True):
                 if node in sureness_of:
-                    taken = path[i + 1] if i + 1 < len(path) else None
-                    first = draws[node][0]
-                    hit = taken is not None and tree.nodes[taken].token == first
-                    run.calibrator.record(sureness_of[node], hit)
+                    run.calibrator.record(sureness_of[node], token == draws[node][0])
         stats.target_passes += 1
         if len(tree.nodes) > 1:
             stats.record_verification(len(tree.nodes) - 1, len(accepted.tokens))
