@@ -1810,24 +1810,24 @@ class Engine:
             else:
                 probs = q_rows[node]
                 own_rows = self._draft_probs(row, params, probs)  # drawn from: fewer rows
-                sureness = float(own_rows.max())
-                chance = run.calibrator.predict(sureness) if priced else None
                 # Whether this node's children are worth their places in the pass, and how many
                 # to draw (as many as the draft has likely candidates), are decided before they
                 # are drawn: from q, never from the draws themselves (as a sampled chain stops,
                 # _auto_chain). Where not worth it the node stays a leaf, its step spent.
-                if chance is not None and not self._children_worth_drawing(
-                    run, tree, node, evals, chance
-                ):
-                    tree.nodes[node].evaluated = True
-                    cause = "cost"
-                    break
+                chance = None
+                if priced:
+                    sureness_of[node] = sureness = float(own_rows.max())
+                    chance = run.calibrator.predict(sureness)
+                    if not self._children_worth_drawing(run, tree, node, evals, chance):
+                        # in the draft's cache all the same: the kept branch holds it
+                        tree.nodes[node].evaluated = True
+                        cause = "cost"
+                        break
                 room_for = cfg.max_branches - len(tree.branches) + 1
                 likely = int(np.count_nonzero(own_rows >= cfg.branch_p))
                 drawn = draw_children(own_rows, max(1, min(room_for, likely)), run.rng)
                 ids = self._draft_id_list
                 draws[node] = drawn if ids is None else [ids[t] for t in drawn]
-                sureness_of[node] = sureness
                 children = sampled_children(draws[node], probs, chance)
             copies = tree.expand(
                 branch,
@@ -1887,7 +1887,7 @@ class Engine:
             # accepted where the budget left it no node.
             after = [*accepted.tokens, accepted.bonus]
             for node, token in zip(accepted.path, after, strict=True):
-                if node in sureness_of:
+                if node in sureness_of and node in draws:  # a node that stopped drew none
                     run.calibrator.record(sureness_of[node], token == draws[node][0])
         stats.target_passes += 1
         if len(tree.nodes) > 1:
@@ -1919,9 +1919,8 @@ class Engine:
         grows until LLMCad's confidence threshold or the budget stops it."""
         if not run.costs.measured:
             return True
-        tokens = 1.0 + sum(node.confidence for node in tree.nodes[1:])
         leaf = max((tree.leaf(b) for b in tree.open_branches()), key=lambda n: n.confidence)
-        verified = len(tree.nodes)
+        tokens, verified = tree.expected_tokens(), len(tree.nodes)
         return worth_growing(tokens, verified, draft_evals, leaf.confidence, leaf.prob, run.costs)
 
     @staticmethod
@@ -1933,9 +1932,8 @@ class Engine:
         step and a draft step are timed. As _tree_worth_growing, asked before the draw."""
         if not run.costs.measured:
             return True
-        tokens = 1.0 + sum(n.confidence for n in tree.nodes[1:])
+        tokens, verified = tree.expected_tokens(), len(tree.nodes)
         reach = tree.nodes[node].confidence
-        verified = len(tree.nodes)
         return worth_growing(tokens, verified, draft_evals - 1, reach, chance, run.costs, spent=1)
 
     def _graft_ngram(

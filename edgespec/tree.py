@@ -70,6 +70,11 @@ class TokenTree:
     def depth(self) -> int:
         return max(self.leaf(b).depth for b in range(len(self.branches)))
 
+    def expected_tokens(self) -> float:
+        """What verifying the tree now is expected to yield: the target's own token plus each
+        drafted node's chance of being accepted (its confidence, where those are chances)."""
+        return 1.0 + sum(node.confidence for node in self.nodes[1:])
+
     def path(self, node: int) -> list[int]:
         """Node indices from the root to `node`, both included."""
         path = []

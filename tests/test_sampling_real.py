@@ -128,6 +128,21 @@ def test_auto_keeps_the_target_distribution_through_its_speculative_rounds(
     assert ok, f"first three tokens: chi-square {stat:.1f} >= {crit:.1f} ({len(triples)} cells)"
 
 
+def assert_first_two_tokens_follow_the_target(engine, mode: str) -> None:
+    """N generations of PROMPT at temperature 0.7 (17 cells hold a third of the mass), the
+    n-gram drafter off: their first two tokens pass the chi-square test against the target's
+    exact joint distribution."""
+    setting = dict(temperature=0.7)
+    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
+    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
+    pairs = Counter()
+    for seed in range(N):
+        result = engine.generate(prompt, max_tokens=3, mode=mode, seed=seed, ngram=False, **setting)
+        pairs[tuple(result.tokens[:2])] += 1
+    ok, stat, crit = chi_square_passes(pairs, joint, N)
+    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
+
+
 def test_a_sampled_chain_stopped_before_a_draw_keeps_the_target_distribution(
     q2_draft_engine, monkeypatch
 ):
@@ -156,19 +171,9 @@ def test_a_sampled_chain_stopped_before_a_draw_keeps_the_target_distribution(
     monkeypatch.setattr(Costs, "measured", property(lambda costs: True))
     monkeypatch.setattr(Calibrator, "predict", lambda calibrator, confidence: confidence)
     monkeypatch.setattr(edgespec.engine, "worth_drafting_on", sure_enough)
-    setting = dict(temperature=0.7)  # 17 cells hold a third of the mass
-    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
-    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
-    pairs = Counter()
-    for seed in range(N):
-        result = engine.generate(
-            prompt, max_tokens=3, mode="chain", seed=seed, ngram=False, **setting
-        )
-        pairs[tuple(result.tokens[:2])] += 1
+    assert_first_two_tokens_follow_the_target(engine, "chain")
     assert len(first_chains) == N and min(first_chains) == 1
     assert N / 5 < first_chains.count(2) < N * 4 / 5, f"{first_chains.count(2)} of {N} took two"
-    ok, stat, crit = chi_square_passes(pairs, joint, N)
-    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
 
 
 def test_a_sampled_tree_that_draws_children_by_the_drafts_confidence_keeps_the_distribution(
@@ -193,19 +198,9 @@ def test_a_sampled_tree_that_draws_children_by_the_drafts_confidence_keeps_the_d
     monkeypatch.setattr(Engine, "_children_worth_drawing", staticmethod(sure_enough))
     monkeypatch.setattr(Engine, "_tree_worth_growing", staticmethod(lambda *_: True))
     monkeypatch.setattr(Calibrator, "predict", lambda calibrator, confidence: confidence)
-    setting = dict(temperature=0.7)
-    prompt = engine.prompt_tokens(PROMPT, chat_mode=False)
-    _, joint = exact_joint(engine, prompt, SamplingParams(**setting), min_count=5)
-    pairs = Counter()
-    for seed in range(N):
-        result = engine.generate(
-            prompt, max_tokens=3, mode="tree", seed=seed, ngram=False, **setting
-        )
-        pairs[tuple(result.tokens[:2])] += 1
+    assert_first_two_tokens_follow_the_target(engine, "tree")
     n = len(drawn_after_first)
     assert n >= N and n / 5 < sum(drawn_after_first) < n * 4 / 5, f"{sum(drawn_after_first)} of {n}"
-    ok, stat, crit = chi_square_passes(pairs, joint, N)
-    assert ok, f"first two tokens: chi-square {stat:.1f} >= {crit:.1f}"
 
 
 @pytest.fixture(scope="module")

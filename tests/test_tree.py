@@ -196,6 +196,13 @@ def test_a_certain_draft_leaves_nothing_to_its_runners_up() -> None:
     assert branch_children([(1, 1.0), (2, 0.0)], 0.01, top_acceptance=0.5) == [(1, 0.5)]
 
 
+def test_a_tree_verified_now_yields_the_targets_token_and_each_nodes_chance() -> None:
+    tree = TokenTree(1)
+    tree.expand(0, [(10, 0.6), (20, 0.3)], max_branches=4, max_nodes=8)
+    tree.expand(0, [(11, 0.5)], max_branches=4, max_nodes=8)  # under 10: 0.6 * 0.5
+    assert tree.expected_tokens() == pytest.approx(1.0 + 0.6 + 0.3 + 0.3)
+
+
 def test_sampled_children_are_the_distinct_draws_in_draw_order_with_their_chances() -> None:
     q = probs({10: 0.6, 20: 0.3})
     # Raw (LLMCad): the draft's probability of each; a repeated draw is one child.
