@@ -159,7 +159,7 @@ Calibrated = Annotated[
     bool,
     typer.Option(
         "--calibrated/--raw-confidence",
-        help="Tree, greedy: weigh draft tokens by how often the target has accepted tokens the "
+        help="Tree: weigh draft tokens by how often the target has accepted tokens the "
         "draft was as sure of, not by the draft's own probability (LLMCad)",
     ),
 ]
