@@ -13,6 +13,12 @@ one after a change, are an hour apart on a machine whose plain repeats differ by
 per prompt here, a change of a few percent shows (the carried arm, 2026-11-30: code 1.69 ->
 1.80x). Models as `edgespec run` takes them by default. With `--temp`, every run samples, repeat r
 with seed r (as the bench does): the three runs of a pair draw from the same seed.
+
+Each ratio is also priced: the run's llama.cpp passes (the target's and the draft's, the prompt's
+prefill left out) at the stored profiles' prices, in target steps, against the plain run's. That
+leaves out Python and the machine's load, whose scatter here (a fifth between repeats) hides a
+change of a few percent in what the policy chooses; it is what the choices cost on a quiet
+device, not a measured speed (and it prices a pipelined draft's passes as if they ran alone).
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ import ast
 import importlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import geometric_mean
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edgespec.bench import BenchPrompt
@@ -131,20 +137,80 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     print(f"A: as it is; B: {', '.join(args.settings)}; mode {args.mode}; {draft and draft.name}")
-    ratios, rounds = run_pairs(
-        plain, engines, settings, prompts, args.repeats, args.mode, args.temp
+    pricer = PassPricer([plain, *engines.values()])
+    ratios, priced, rounds = run_pairs(
+        plain, engines, settings, prompts, args.repeats, args.mode, args.temp, pricer
     )
     print("geometric means over prompts and repeats, x plain decoding:")
     for line in summary(prompts, ratios):
         print(line)
+    if all(priced[arm] for arm in priced):
+        print("priced by the profiles (llama.cpp's passes only; not a measured speed):")
+        for line in summary(prompts, priced):
+            print(line)
     if args.json is not None:
         report = {"settings": args.settings, "mode": args.mode, "temp": args.temp}
-        report |= {"ratios": ratios, "rounds": rounds}
+        report |= {"ratios": ratios, "priced": priced, "rounds": rounds}
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
 Ratios = dict[str, dict[str, list[float]]]  # arm -> prompt -> one a repeat
+
+
+class PassPricer:
+    """The llama.cpp passes of the engines' generations, each priced by its model's profile in
+    target steps (T_model(k)/T_target(1)); those of the target's prefill are left out. Contexts
+    with no profile are not priced (`steps` is then None)."""
+
+    def __init__(self, engines: Sequence[Engine]):
+        from edgespec.backend import Context
+        from edgespec.engine import Engine as EngineClass
+
+        self.steps: float | None = 0.0
+        # The engines share their models: each model's profile is whichever engine has one (the
+        # plain engine, loaded before the arms measured theirs, may have none).
+        target = next((e.profile for e in engines if e.profile), None)
+        draft = next((e.draft_profile for e in engines if e.draft_profile), None)
+        self._prices: dict[int, Callable[[int], float] | None] = {}
+        for engine in engines:
+            for ctx, profile in ((engine.target_ctx, target), (engine.draft_ctx, draft)):
+                if ctx is None:
+                    continue
+                if profile is None or target is None:
+                    self._prices[id(ctx)] = None
+                else:
+                    scale = profile.step_s / target.step_s
+                    self._prices[id(ctx)] = lambda k, p=profile, c=scale: p.relative(k) * c
+        self._prefill = False
+        pricer, run, reuse = self, Context._run, EngineClass._reuse
+
+        def priced_run(ctx: Context, batch: Any, n_out: int) -> Any:
+            if not pricer._prefill and id(ctx) in pricer._prices:
+                pricer.add(id(ctx), batch.n_tokens)
+            return run(ctx, batch, n_out)
+
+        def reuse_unpriced_for_the_target(
+            engine: Engine, ctx: Context, attr: str, *a: Any, **k: Any
+        ) -> int:
+            pricer._prefill = attr == "_target_cache"
+            try:
+                return reuse(engine, ctx, attr, *a, **k)
+            finally:
+                pricer._prefill = False
+
+        Context._run = priced_run  # type: ignore[method-assign]
+        EngineClass._reuse = reuse_unpriced_for_the_target  # type: ignore[method-assign]
+
+    def add(self, ctx_id: int, n_tokens: int) -> None:
+        price = self._prices[ctx_id]
+        if price is None or self.steps is None:
+            self.steps = None
+        else:
+            self.steps += price(n_tokens)
+
+    def start(self) -> None:
+        self.steps = 0.0
 
 
 def run_pairs(
@@ -155,22 +221,32 @@ def run_pairs(
     repeats: int,
     mode: str,
     temp: float = 0.0,
-) -> tuple[Ratios, dict[str, dict[str, list[dict[str, int]]]]]:
+    pricer: PassPricer | None = None,
+) -> tuple[Ratios, Ratios, dict[str, dict[str, list[dict[str, int]]]]]:
     """Every repeat and prompt: plain decoding, then arms A and B (B first on odd repeats), each
-    paired with that plain run. A line each; the ratios, and each run's rounds by kind."""
+    paired with that plain run. A line each; the ratios, the priced ratios (where `pricer`
+    priced every run), and each run's rounds by kind."""
     ratios: Ratios = {"A": {}, "B": {}}
+    priced: Ratios = {"A": {}, "B": {}}
     rounds: dict[str, dict[str, list[dict[str, int]]]] = {"A": {}, "B": {}}
     for repeat in range(repeats):
         sampling = {"temperature": temp, "seed": repeat} if temp > 0 else {}
         for p in prompts:
             tokens = plain.prompt_tokens(p.text)
+            priced_plain = None
+            if pricer is not None:
+                pricer.start()
             base = plain.generate(tokens, max_tokens=p.max_tokens, mode="target", **sampling)
+            if pricer is not None and pricer.steps:
+                priced_plain = base.stats.n_generated / pricer.steps
             plain_rate = base.stats.tokens_per_s
             if plain_rate <= 0:  # an end of text first: no speed to compare
                 print(f"{p.name:24s} plain decoding made nothing: left out", flush=True)
                 continue
             line = [f"{p.name:24s} plain {plain_rate:5.1f} tok/s"]
             for name in ("A", "B") if repeat % 2 == 0 else ("B", "A"):
+                if pricer is not None:
+                    pricer.start()
                 with in_force(settings if name == "B" else ()):
                     result = engines[name].generate(
                         tokens, max_tokens=p.max_tokens, mode=mode, **sampling
@@ -178,11 +254,16 @@ def run_pairs(
                 stats = result.stats
                 ratio = stats.tokens_per_s / plain_rate
                 ratios[name].setdefault(p.name, []).append(ratio)
+                priced_ratio = ""
+                if priced_plain is not None and pricer is not None and pricer.steps:
+                    at_prices = stats.n_generated / pricer.steps / priced_plain
+                    priced[name].setdefault(p.name, []).append(at_prices)
+                    priced_ratio = f" (priced {at_prices:.2f})"
                 rounds[name].setdefault(p.name, []).append(dict(stats.choices))
                 same = "" if sampling or result.tokens == base.tokens else " (text differs)"
-                line.append(f"{name} {ratio:.2f}{same} {dict(stats.choices)}")
+                line.append(f"{name} {ratio:.2f}{priced_ratio}{same} {dict(stats.choices)}")
             print(" | ".join(line), flush=True)
-    return ratios, rounds
+    return ratios, priced, rounds
 
 
 def summary(prompts: Sequence[BenchPrompt], ratios: Ratios) -> Iterator[str]:

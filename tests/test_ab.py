@@ -95,5 +95,11 @@ def test_arm_b_runs_with_the_change_and_arm_a_without_it(tmp_path, smol_path, sm
     assert [r.get("ngram", 0) for r in report["rounds"]["B"]["copy"]] == [0, 0]
     assert all(len(report["ratios"][arm]["copy"]) == 2 for arm in "AB")
     assert all(r > 0 for arm in "AB" for r in report["ratios"][arm]["copy"])
-    summary = run.stdout.splitlines()[-1].split()  # all A <mean> B <mean> B/A <mean> (interval)
+    # Priced by the profiles, B's passes are plain decoding's, one step a token, and A's
+    # copies are fewer passes for the same tokens.
+    assert report["priced"]["B"]["copy"] == [pytest.approx(1.0)] * 2
+    assert all(r > 1.0 for r in report["priced"]["A"]["copy"]), report["priced"]
+    lines = run.stdout.splitlines()
+    assert "priced by the profiles (llama.cpp's passes only; not a measured speed):" in lines
+    summary = lines[-1].split()  # all A <mean> B <mean> B/A <mean> (interval)
     assert summary[0] == "all" and summary[5] == "B/A" and summary[7].startswith("(")
