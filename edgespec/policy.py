@@ -116,9 +116,10 @@ SURE_TEXT = 0.9
 # cheaper steps opened the gate, 2026-11-24). Five, not ten: code answers copy a name from the
 # prompt every few lines, and each copy starts the count again (record_copy); palindrome's
 # answer after the summaries' took plain steps in 109 of 131 rounds and 69 of 87 (1.10 and
-# 1.20x plain, where five made 1.80-1.85x). In one process, greedy (2026-12-01): code 1.70 -> 1.79 and 1.55
-# -> 1.67 in two A/Bs (priced by the profiles, B/A 1.074 and 1.060, intervals above 1), chat
-# 1.12 -> 1.18, edits 2.67 -> 2.61 (priced 0.996), summaries level (priced 0.95 and 1.00).
+# 1.20x plain, where five made 1.80-1.85x). In one process, greedy (2026-12-01): code 1.70 ->
+# 1.79 and 1.55 -> 1.67 in two A/Bs (priced by the profiles, B/A 1.074 and 1.060, intervals
+# above 1), chat 1.12 -> 1.18, edits 2.67 -> 2.61 (priced 0.996), summaries level (priced 0.95
+# and 1.00).
 SURE_STEPS = 5
 # A plain step's sureness is measured only where a try may begin within this many rounds (at
 # the share's re-probe, or an arm's next probe): reading the target's whole row of logits for it
