@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from statistics import geometric_mean
 from typing import TYPE_CHECKING, Any
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     print(f"A: as it is; B: {', '.join(args.settings)}; mode {args.mode}; {draft and draft.name}")
-    pricer = PassPricer([plain, *engines.values()])
+    pricer = PassPricer.of([plain, *engines.values()])
     ratios, priced, rounds = run_pairs(
         plain, engines, settings, prompts, args.repeats, args.mode, args.temp, pricer
     )
@@ -159,35 +160,23 @@ Ratios = dict[str, dict[str, list[float]]]  # arm -> prompt -> one a repeat
 
 
 class PassPricer:
-    """The llama.cpp passes of the engines' generations, each priced by its model's profile in
-    target steps (T_model(k)/T_target(1)); those of the target's prefill are left out. Contexts
-    with no profile are not priced (`steps` is then None)."""
+    """Sums the llama.cpp passes of the engines' generations, each priced by its model's profile
+    in target steps (T_model(k)/T_target(1)); those of the target's prefill are left out.
+    Installed on Context and Engine for the life of the process (this script's)."""
 
-    def __init__(self, engines: Sequence[Engine]):
+    def __init__(self, prices: dict[int, Callable[[int], float]]):
         from edgespec.backend import Context
         from edgespec.engine import Engine as EngineClass
 
-        self.steps: float | None = 0.0
-        # The engines share their models: each model's profile is whichever engine has one (the
-        # plain engine, loaded before the arms measured theirs, may have none).
-        target = next((e.profile for e in engines if e.profile), None)
-        draft = next((e.draft_profile for e in engines if e.draft_profile), None)
-        self._prices: dict[int, Callable[[int], float] | None] = {}
-        for engine in engines:
-            for ctx, profile in ((engine.target_ctx, target), (engine.draft_ctx, draft)):
-                if ctx is None:
-                    continue
-                if profile is None or target is None:
-                    self._prices[id(ctx)] = None
-                else:
-                    scale = profile.step_s / target.step_s
-                    self._prices[id(ctx)] = lambda k, p=profile, c=scale: p.relative(k) * c
+        self.steps = 0.0
+        self._prices = prices  # by id() of each engine's contexts
         self._prefill = False
         pricer, run, reuse = self, Context._run, EngineClass._reuse
 
         def priced_run(ctx: Context, batch: Any, n_out: int) -> Any:
-            if not pricer._prefill and id(ctx) in pricer._prices:
-                pricer.add(id(ctx), batch.n_tokens)
+            price = pricer._prices.get(id(ctx))
+            if price is not None and not pricer._prefill:
+                pricer.steps += price(batch.n_tokens)
             return run(ctx, batch, n_out)
 
         def reuse_unpriced_for_the_target(
@@ -202,15 +191,31 @@ class PassPricer:
         Context._run = priced_run  # type: ignore[method-assign]
         EngineClass._reuse = reuse_unpriced_for_the_target  # type: ignore[method-assign]
 
-    def add(self, ctx_id: int, n_tokens: int) -> None:
-        price = self._prices[ctx_id]
-        if price is None or self.steps is None:
-            self.steps = None
-        else:
-            self.steps += price(n_tokens)
+    @classmethod
+    def of(cls, engines: Sequence[Engine]) -> PassPricer | None:
+        """A pricer for the engines' contexts, or None where a model has no stored profile. The
+        engines share their models: each model's profile is whichever engine has one (the plain
+        engine, loaded before the arms measured theirs, may have none)."""
+        target = next((e.profile for e in engines if e.profile), None)
+        draft = next((e.draft_profile for e in engines if e.draft_profile), None)
+        if target is None or (draft is None and any(e.draft_ctx for e in engines)):
+            return None
+        prices: dict[int, Callable[[int], float]] = {}
+        for engine in engines:
+            prices[id(engine.target_ctx)] = target.relative
+            if engine.draft_ctx is not None and draft is not None:
+                prices[id(engine.draft_ctx)] = partial(
+                    scaled, draft.relative, draft.step_s / target.step_s
+                )
+        return cls(prices)
 
     def start(self) -> None:
         self.steps = 0.0
+
+
+def scaled(relative: Callable[[int], float], scale: float, k: int) -> float:
+    """A draft's pass of k tokens in target steps: its own T(k)/T(1) times its step's share."""
+    return relative(k) * scale
 
 
 def run_pairs(
