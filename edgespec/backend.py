@@ -460,7 +460,8 @@ class Context:
         seq_ids: Sequence[Sequence[int]] | None = None,
         logits: str = "last",
     ) -> np.ndarray:
-        """Evaluate tokens; return their logits as an (n_rows, n_vocab) view valid until next call.
+        """Evaluate tokens; their logits as an (n_rows, n_vocab) view of llama.cpp's memory, valid
+        until the next call and only while this context lives (keep it named, not a temporary).
 
         Rows sit at `start_pos + i`, or at explicit `positions`; all in sequence 0 unless `seq_ids`
         gives each row its own list. `logits` is "last", "all" or "none". Inputs longer than the

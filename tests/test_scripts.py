@@ -196,7 +196,9 @@ from edgespec.backend import Context, Model
 model = Model(sys.argv[1])
 text = "def binary_search(items, target):\\n    lo, hi = 0, len(items)\\n    while lo < hi:\\n"
 tokens = model.tokenize(text + "        mid = (lo + hi) // 2\\n", add_special=True)[:32]
-batch = Context(model, n_ctx=256, n_threads=2, n_batch=64).verify(tokens, 0).argmax(axis=1)
+# Each context named: a view of logits lives only as long as its context (and its next call).
+batched = Context(model, n_ctx=256, n_threads=2, n_batch=64)
+batch = batched.verify(tokens, 0).argmax(axis=1)
 steps = Context(model, n_ctx=256, n_threads=2, n_batch=64)
 one_at_a_time = [int(steps.decode([t], i).argmax()) for i, t in enumerate(tokens)]
 print(sum(int(a) == b for a, b in zip(batch, one_at_a_time)), len(tokens))
