@@ -63,7 +63,7 @@ Seed = Annotated[
     typer.Option(
         help="Random seed for sampling: the same text again in --mode target, ngram with "
         "--draft-max, chain with --draft-max, --no-ngram and --no-pipeline, tree with --no-ngram "
-        "(elsewhere drafting adapts to speed)"
+        "and --raw-confidence (elsewhere drafting adapts to speed)"
     ),
 ]
 Threads = Annotated[
