@@ -9,6 +9,8 @@ import pytest
 
 from edgespec.governor import ThreadGovernor
 
+from .helpers import assert_same_or_near_tie
+
 QUIET_2CORE = {2: 0.075, 1: 0.135}  # one step, seconds, by thread count
 BUSY_2CORE = {2: 0.250, 1: 0.130}  # another program keeps one core busy
 
@@ -188,9 +190,14 @@ def test_the_governor_sets_llamas_threads_and_the_text_stays_the_targets(smol_pa
     for ctx in (governed.target_ctx, governed.draft_ctx):
         ctx.govern(KeepsEveryTrial(2), relative_cost=lambda k: 1.0)
     prompt = "List the planets of the solar system, one per line:"
+    prompt_tokens = fixed.prompt_tokens(prompt)
+    plain = fixed.generate(prompt, mode="target", max_tokens=40).tokens
     for mode in ("target", "chain", "tree"):
         result = governed.generate(prompt, mode=mode, max_tokens=40)
-        assert result.text == fixed.generate(prompt, mode=mode, max_tokens=40).text
+        # The target's text up to a near tie, not to the letter: CI on a Zen 4 (2026-12-02) saw
+        # "9. Earth" go on with "\n" governed and "'s" fixed, two candidates 0.16 apart in the
+        # logits (measured on a Zen 3), which threads and batch shapes may swap.
+        assert_same_or_near_tie(fixed, prompt_tokens, plain, result.tokens)
         assert result.stats.thread_switches >= 2
         target_threads = governed.target_ctx.threads
         assert result.stats.threads["target"] == f"{target_threads}/2"
