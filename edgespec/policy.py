@@ -73,6 +73,15 @@ KEEP_MARGIN = 0.97
 # plain decoding as fast as it is now, not as one step timed minutes ago under another load
 # (35 against 40 tok/s here). At 1.1x plain this costs 0.1 % of the arm's gain.
 PLAIN_EVERY = 16
+# While a tree drafts, the chain is still tried when its probe is due, and the faster of the two
+# by their recent rates drafts: an arm in use is never probed against, so a tree that won its try
+# drafted to the answer's end, and to the next answers' as the arm carried into them, where
+# `chain` is the faster on code on every CPU measured here (on an Emerald Rapids showing AMX,
+# 2026-12-02, one repeat: chain 1.70x plain on code, tree 1.54x, auto 1.51x with 101 tree rounds
+# of 140). Only the chain challenges: trees tried against a chain in use won their four-round
+# tries against its ten-round average often enough to take code over (docs/speed.md, "Arms tried
+# against the arm in use").
+CHAIN_CHALLENGES_TREE = True
 # A try of a model arm spans at least this many of its rounds and is judged on their sum: one
 # chain round is a gamble (here they yielded 1 to 16 tokens on the same code), so one round alone
 # says little.
@@ -810,6 +819,9 @@ class AutoPolicy:
             if sure or len(untried) == len(self.arms):
                 return untried[0].start_try(sure)
         if best is not None:
+            challenger = self._challenger(best) if can_pay else None
+            if challenger is not None:
+                return challenger.start_try()
             return "plain" if self.since_plain >= PLAIN_EVERY else best.name
         if not can_pay:  # the share keeps the gate shut: now and then a try, to move it
             if self.share.rounds_shut < REPROBE_EVERY or not self.sure_text():
@@ -819,6 +831,19 @@ class AutoPolicy:
             return self.arms[0].start_try(True, reprobe=True)
         due = [a for a in self.arms if a.since_try >= a.probe_every]
         return due[0].start_try(True) if due and self.sure_text() else "plain"
+
+    def _challenger(self, best: Arm) -> Arm | None:
+        """The chain, where a tree drafts and the chain's probe is due (CHAIN_CHALLENGES_TREE).
+        Its try is judged as any (against plain decoding); won, both arms are in use and the
+        faster by its recent rate drafts. No sure text is asked for: the tree in use shows the
+        text is worth drafting, and while it drafts, plain steps (which measure sureness) come
+        only every PLAIN_EVERY rounds."""
+        if not CHAIN_CHALLENGES_TREE or best.name != "tree":
+            return None
+        chain = next((a for a in self.arms if a.name == "chain"), None)
+        if chain is None or chain.in_use or chain.since_try < chain.probe_every:
+            return None
+        return chain
 
     def sure_text(self) -> bool:
         """Whether the target's plain steps show text it is sure enough of for a try of the

@@ -649,6 +649,49 @@ def test_of_two_arms_in_use_the_faster_one_drafts():
     assert [policy.choose(None) for _ in range(5)] == ["chain"] * 5
 
 
+def tree_in_use(chain: Arm) -> AutoPolicy:
+    """An answer where the tree's try won (40 tok/s against plain decoding's 33) and `chain`,
+    tried before, waits for its probe."""
+    policy = AutoPolicy(costs(step_s=0.03), [chain, Arm("tree")])
+    show_sure_text(policy)
+    try_arm(policy, "tree", tokens=3, seconds=0.075)
+    assert policy.arms[1].in_use and not chain.in_use
+    return policy
+
+
+def test_while_a_tree_drafts_the_chain_is_tried_when_due_and_drafts_if_faster():
+    """A tree in use drafted to the answer's end, and into the next ones, where chains were
+    the faster on code on every CPU measured here."""
+    policy = tree_in_use(Arm("chain", probe_every=16, tried=True))  # due: it waited the try
+    try_arm(policy, "chain", tokens=3, seconds=0.05)  # 60 tok/s
+    assert [policy.choose(None) for _ in range(5)] == ["chain"] * 5
+
+
+def test_a_chain_that_wins_its_try_but_is_slower_than_the_tree_leaves_the_tree_drafting():
+    policy = tree_in_use(Arm("chain", probe_every=16, tried=True))
+    try_arm(policy, "chain", tokens=3, seconds=0.085)  # 35 tok/s: above plain, below the tree
+    assert policy.arms[0].in_use
+    assert [policy.choose(None) for _ in range(5)] == ["tree"] * 5
+
+
+def test_a_chain_that_loses_against_a_drafting_tree_waits_twice_as_long_for_the_next_try():
+    policy = tree_in_use(Arm("chain", probe_every=16, tried=True))
+    try_arm(policy, "chain", tokens=1, seconds=0.06)  # 17 tok/s
+    assert not policy.arms[0].in_use and policy.arms[1].in_use
+    chosen = decode(policy, 32, arm_round=(3, 0.075))
+    assert "chain" not in chosen[:31] and chosen[31] == "chain"
+
+
+def test_a_tree_is_not_tried_against_a_chain_in_use():
+    """Trees tried against a chain in use won their four-round tries against its ten-round
+    average often enough to take code over, where chains were the faster (docs/speed.md)."""
+    policy = AutoPolicy(costs(step_s=0.03), [Arm("chain"), Arm("tree", tried=True)])
+    show_sure_text(policy)
+    try_arm(policy, "chain", tokens=3, seconds=0.05)
+    chosen = decode(policy, 5 * PLAIN_EVERY, arm_round=(3, 0.05))
+    assert "tree" not in chosen
+
+
 def test_an_undecided_try_is_judged_on_its_rounds_when_the_answer_ends():
     """So the next answer, or the next run, knows what it found; a try of fewer rounds than
     TRY_ROUNDS says too little, and the next answer drops it."""
