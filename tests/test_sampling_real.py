@@ -359,7 +359,7 @@ def test_sampling_allocates_no_row_of_the_vocabulary_while_decoding(
 ):
     """Each sampled token is a distribution over the whole vocabulary (Qwen's: 0.6 MB of
     float32): the decode loop writes them into buffers it keeps, never into a fresh array, not
-    even for a moment. The first run sizes the buffers; the same seed drafts the same again."""
+    even for a moment. The first run sizes the buffers; every run after it is measured."""
     engine = q2_draft_engine
     prompt = engine.prompt_tokens(NGRAM_PROMPT, chat_mode=False)
 
@@ -377,8 +377,19 @@ def test_sampling_allocates_no_row_of_the_vocabulary_while_decoding(
     seed = next((s for s in range(3, 23) if drafts_24_tokens(s)), None)
     assert seed is not None
 
-    def generate() -> None:
-        assert drafts_24_tokens(seed)
+    def measured(seed: int) -> tuple[bool, int]:
+        drafted: list[bool] = []
+        size = largest_allocation_at_once(lambda: drafted.append(drafts_24_tokens(seed)))
+        return drafted[0], size
 
+    # The same seed mostly drafts the same again, but the calibrated tree learns from every
+    # run, so its next one may draft another tree and draw otherwise (on a Zen 3 here its
+    # answer ended early): then the next seeds, each measured too, until one drafts 24 tokens.
+    runs = []
+    for next_seed in range(seed, seed + 20):
+        runs.append(measured(next_seed))
+        if runs[-1][0]:
+            break
     row = engine.target.n_vocab * np.dtype(np.float32).itemsize
-    assert largest_allocation_at_once(generate) < row / 2
+    assert runs[-1][0]
+    assert max(size for _, size in runs) < row / 2
