@@ -383,8 +383,9 @@ def test_sampling_allocates_no_row_of_the_vocabulary_while_decoding(
         return drafted[0], size
 
     # The same seed mostly drafts the same again, but the calibrated tree learns from every
-    # run, so its next one may draft another tree and draw otherwise (on a Zen 3 here its
-    # answer ended early): then the next seeds, each measured too, until one drafts 24 tokens.
+    # run, so its next one may draft another tree and draw otherwise (on a Zen 3 here the
+    # seed's second run ended early or drafted nothing): then the next seeds, each measured
+    # too, until one drafts 24 tokens.
     runs = []
     for next_seed in range(seed, seed + 20):
         runs.append(measured(next_seed))
