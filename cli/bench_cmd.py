@@ -36,10 +36,18 @@ LEGEND = (
 BAR_WIDTH = 40  # cells of the bar at the chart's largest ratio (2.0× at least)
 MIN_BAR_WIDTH = 10  # ... where the terminal is narrower: rich wraps what is left
 MODE_WIDTH = 12  # the class tables' mode column, at most: longer names wrap
-# The class tables' columns left out first where a terminal is too narrow for all (a phone's):
-# the speed over plain decoding, its lowest prompt and whether the text was plain decoding's are
-# what say whether a mode pays; the rest says why.
-NARROW_DROPS = ("draft\n/pass", "py ms\n/pass", "pass\n/tok", "mean\nacc.", "accept\n%", "tok/s")
+# The class tables' columns left out first where a terminal is too narrow for all (a phone's,
+# and a log's 80 columns the first): the speed over plain decoding, its lowest prompt and whether
+# the text was plain decoding's are what say whether a mode pays; the rest says why.
+NARROW_DROPS = (
+    "draft\n/pass",
+    "py ms\n/pass",
+    "pass\n/tok",
+    "mean\nacc.",
+    "accept\n%",
+    "tok/s",
+    "in-run\n×",
+)
 
 
 def bench(
@@ -260,10 +268,11 @@ def _fmt(value: float | None, spec: str) -> str:
 def class_table(summaries: list[ClassSummary], class_name: str, width: int = 80) -> Table:
     """A class's modes, a row each, in `width` columns: where they do not all fit (a phone's
     terminal) the columns least needed to judge a mode are left out, and the caption says so."""
-    cells = {  # header (two short lines: ten columns fit in 80) -> each row's cell
+    cells = {  # header (two short lines: all but one of the eleven fit in 80) -> its cells
         "tok/s": [f"{s.tokens_per_s:.1f}" for s in summaries],
         "×\nplain": [_fmt(s.median_ratio, ".2f") for s in summaries],
         "min\n×": [_fmt(s.min_ratio, ".2f") for s in summaries],
+        "in-run\n×": [_fmt(s.in_run_ratio, ".2f") for s in summaries],
         "accept\n%": [
             _fmt(None if s.acceptance is None else s.acceptance * 100, ".0f") for s in summaries
         ],

@@ -266,6 +266,7 @@ class Measurement:
     overhead_ms: float | None = None  # our own time per target pass (None: not ours to measure)
     rounds: dict[str, int] = field(default_factory=dict)  # by what drafted them (Stats.choices)
     thread_switches: int = 0  # the governor's, while other programs took cores (governor.py)
+    in_run_ratio: float | None = None  # over its own plain steps' rate (Stats.in_run_ratio)
 
     @property
     def tokens_per_s(self) -> float:
@@ -315,6 +316,7 @@ def engine_runner(engine: Engine, mode: str, temperature: float = 0.0) -> Runner
             overhead_ms=stats.overhead_ms_per_pass,
             rounds=dict(stats.choices),
             thread_switches=stats.thread_switches,
+            in_run_ratio=stats.in_run_ratio,
         )
 
     return measure
@@ -486,6 +488,10 @@ class BenchRow:
     divergence: Divergence | None = None  # of the first repeat that differs from the baseline
     ratios: list[float] = field(default_factory=list)  # paired, one per repeat (paired_ratios)
     thread_switches: int = 0  # over all repeats: other programs took cores meanwhile
+    # Each repeat's speed over its own plain steps' (Stats.in_run_ratio), in modes that step
+    # plainly between their drafted rounds (auto, ngram), and their median (None: none had).
+    in_run_ratios: list[float] = field(default_factory=list)
+    in_run_ratio: float | None = None
 
 
 @dataclass
@@ -517,6 +523,7 @@ class ClassSummary:
     n_same: int | None  # prompts whose output equals the baseline's; None when sampling
     n_prompts: int
     interval: NoiseInterval | None = None  # the class's geometric mean ratio, for the noise
+    in_run_ratio: float | None = None  # median of the rows' (BenchRow.in_run_ratio)
 
 
 @dataclass
@@ -640,6 +647,7 @@ def _row(
     ratios = paired_ratios([m.tokens_per_s for m in runs], [m.tokens_per_s for m in baseline])
     # Sampled texts differ from plain decoding's by their draws: nothing to compare.
     differing = [m for m in runs if m.tokens != baseline[0].tokens] if greedy else []
+    in_run = [m.in_run_ratio for m in runs if m.in_run_ratio is not None]
     return BenchRow(
         mode=mode,
         prompt=prompt.name,
@@ -664,6 +672,8 @@ def _row(
             else None
         ),
         ratios=ratios,
+        in_run_ratios=in_run,
+        in_run_ratio=statistics.median(in_run) if in_run else None,
     )
 
 
@@ -731,6 +741,7 @@ def _class_summary(mode: str, class_name: str, rows: list[BenchRow]) -> ClassSum
         passes_per_token=_median_or_none(r.passes_per_token for r in rows),
         draft_evals_per_pass=_median_or_none(r.draft_evals_per_pass for r in rows),
         overhead_ms=_median_or_none(r.overhead_ms for r in rows),
+        in_run_ratio=_median_or_none(r.in_run_ratio for r in rows),
         n_same=(
             None
             if any(r.same_as_target is None for r in rows)

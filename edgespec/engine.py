@@ -973,7 +973,9 @@ class Engine:
                 if room < 0:
                     return
                 in_round = True
+                started = time.perf_counter()
                 decided = round_fn(run, room)
+                stats.record_round(time.perf_counter() - started, len(decided))
                 in_round = False
                 yield decided
                 stats.decode_s = time.perf_counter() - t_decode
@@ -1579,6 +1581,7 @@ class Engine:
             return self._verify_ngram(run, proposal.tokens[:length])
         k = min(run.cfg.draft_max, room, self._tokens_left(run) - 1)
         proposal = self._end_at_eog(run.ngram.propose(run.tokens, max(k, 0)))
+        run.stats.record_choice("ngram" if proposal.tokens else "plain")
         decided = self._verify_chain(run, proposal.tokens, from_draft=False)
         run.ngram.record(proposal.ngram, len(proposal.tokens), len(decided) - 1, proposal.streak)
         return decided

@@ -8,6 +8,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Fewer plain steps than this time plain decoding too roughly to compare a run with: the first
+# steps after a prompt are slower (27 ms where the next took 23-24 on a Zen 5), and one step
+# that met another program's burst moves a handful's mean by a tenth.
+MIN_PLAIN_STEPS = 16
+
 
 @dataclass
 class TreeStats:
@@ -78,6 +83,11 @@ class Stats:
     peak_rss_mb: float = 0.0
     tree: TreeStats | None = None
     choices: dict[str, int] = field(default_factory=dict)  # rounds by what drafted them
+    # The decoding time and the tokens of those rounds, by the same names: the plain steps' time
+    # a token is plain decoding's rate in the very minutes the drafted rounds ran (plain_rate).
+    choice_s: dict[str, float] = field(default_factory=dict)
+    choice_tokens: dict[str, int] = field(default_factory=dict)
+    _round_choice: str = field(default="", repr=False)  # the round under way's, for record_round
     placement: str = ""  # where the target and the draft were to run
     # Read back from the kernel when generation ended: how many of the process's threads may
     # run on each CPU set ({"0-3": 5, "4-7": 2}), i.e. where llama.cpp's workers really are.
@@ -90,6 +100,39 @@ class Stats:
 
     def record_choice(self, choice: str) -> None:
         self.choices[choice] = self.choices.get(choice, 0) + 1
+        self._round_choice = choice
+
+    def record_round(self, seconds: float, tokens: int) -> None:
+        """The round just made took `seconds` and decided `tokens`: counted under its choice
+        (none for modes that record no choices)."""
+        choice = self._round_choice
+        if choice:
+            self.choice_s[choice] = self.choice_s.get(choice, 0.0) + seconds
+            self.choice_tokens[choice] = self.choice_tokens.get(choice, 0) + tokens
+            self._round_choice = ""
+
+    @property
+    def plain_rate(self) -> float | None:
+        """Tokens a second of this run's own plain steps (auto's, ngram's), None with fewer than
+        MIN_PLAIN_STEPS of them: plain decoding's speed timed in the same minutes as the rounds
+        that drafted, where a run of plain decoding before or after this one may have met
+        another load on a shared machine (a prompt's repeats were 15 % apart, median, here)."""
+        steps = self.choice_tokens.get("plain", 0)
+        seconds = self.choice_s.get("plain", 0.0)
+        if steps < MIN_PLAIN_STEPS or seconds <= 0:
+            return None
+        return steps / seconds
+
+    @property
+    def in_run_ratio(self) -> float | None:
+        """The run's tokens a second over its own plain steps' (plain_rate): what its drafted
+        rounds gained or lost against plain steps, within the run. An estimate of the speed-up
+        over plain decoding that a shared machine's drift between two runs does not move. Its
+        plain steps carry auto's own work per round too (about half a millisecond more than
+        plain decoding's, in steps of 60-120 ms here), which leans it a little above a paired
+        ratio."""
+        rate = self.plain_rate
+        return None if rate is None or self.tokens_per_s <= 0 else self.tokens_per_s / rate
 
     @property
     def tokens_per_s(self) -> float:
@@ -132,6 +175,7 @@ class Stats:
 
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
+        del out["_round_choice"]
         out["tree"] = self.tree.to_dict() if self.tree else None
         out.update(
             tokens_per_s=round(self.tokens_per_s, 2),
@@ -144,6 +188,8 @@ class Stats:
             native_s=round(self.native_s, 4),
             overlap_s=round(self.overlap_s, 4),
             overhead_ms_per_pass=round(self.overhead_ms_per_pass, 3),
+            choice_s={choice: round(s, 4) for choice, s in self.choice_s.items()},
+            in_run_ratio=_rounded(self.in_run_ratio, 3),
             peak_rss_mb=round(self.peak_rss_mb, 1),
         )
         return out
@@ -168,6 +214,8 @@ class Stats:
             line += f", {self.tree.nodes / self.tree.trees:.1f} nodes per tree"
         if self.choices:
             line += ", rounds " + " ".join(f"{what} {n}" for what, n in self.choices.items())
+            if self.in_run_ratio is not None and set(self.choices) != {"plain"}:
+                line += f" ({self.in_run_ratio:.2f}x the rate of its own plain steps)"
         if self.finish_reason == "context":
             line += ", stopped: the context is full (a larger --ctx-size holds more)"
         elif self.finish_reason == "superseded":

@@ -51,6 +51,9 @@ from edgespec.errors import BadSettingError
 
 from .helpers import assert_same_or_near_tie, fresh_logits
 
+# Chat prompts of 40 tokens' answers: more plain steps than Stats.in_run_ratio needs.
+PROMPTS_40 = ["Why is the sky blue?", "Tell me about the history of tea."]
+
 TINY_SUITE = """
 [[prompts]]
 name = "add"
@@ -216,6 +219,28 @@ def test_each_class_summarises_every_mode_over_its_prompts(report):
     assert overall_lines(report) == []
 
 
+def test_modes_that_step_plainly_are_also_compared_with_their_own_plain_steps(smol_path):
+    """The bench's modes that decode plain steps between their drafted rounds (auto, ngram)
+    carry their speed over those steps' (Stats.in_run_ratio), a row the median of its runs',
+    a class the median of its rows'; plain decoding, the other modes and llama.cpp's own none."""
+    prompts = [BenchPrompt(f"p{i}", "chat", text, 40) for i, text in enumerate(PROMPTS_40)]
+    modes = ["ngram", "auto", "llama"]
+    report = run_bench(smol_path, None, modes, prompts, repeats=1, threads=1, n_ctx=512)
+    for prompt in prompts:
+        assert report.row(BASELINE, prompt.name).in_run_ratio is None
+        assert report.row("llama", prompt.name).in_run_ratio is None
+    stepping = [report.row(m, p.name) for m in ("ngram", "auto") for p in prompts]
+    assert all(r.in_run_ratio is None or 0.5 < r.in_run_ratio < 3 for r in stepping)
+    assert all(r.in_run_ratios == ([r.in_run_ratio] if r.in_run_ratio else []) for r in stepping)
+    assert any(r.in_run_ratio is not None for r in stepping)  # 40 tokens, mostly plain steps
+    for s in report.summaries("chat"):
+        rows = [report.row(s.mode, p.name).in_run_ratio for p in prompts]
+        present = [r for r in rows if r is not None]
+        assert s.in_run_ratio == (statistics.median(present) if present else None)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert "in_run_ratio" in data["rows"][0] and "in_run_ratio" in data["classes"][0]
+
+
 def test_progress_is_reported_before_every_run_and_at_the_end(report, progress_steps):
     n_runs = len(report.modes) * (1 + 2)  # a warm-up, then each of the two prompts once
     assert [done for done, _, _ in progress_steps] == list(range(n_runs + 1))
@@ -337,7 +362,7 @@ def test_a_class_table_in_80_columns_wraps_a_long_mode_name_not_the_numbers():
     assert all(len(line) <= 80 for line in shown.splitlines())
 
 
-@pytest.mark.parametrize("width", [40, 50, 80])
+@pytest.mark.parametrize("width", [40, 50, 80, 100])
 def test_a_class_table_on_a_phone_s_terminal_keeps_what_says_whether_a_mode_pays(width):
     """At 50 columns all ten columns left the mode names out and cut every number ("0.…")."""
     from rich.console import Console
@@ -354,7 +379,8 @@ def test_a_class_table_on_a_phone_s_terminal_keeps_what_says_whether_a_mode_pays
     for row in (row for row in cells if row and row[0] in modes):
         assert {"1.23", "0.98", "3/4"} <= set(row)  # × plain, its lowest prompt, same text
     left_out = "left out at this width (--json has all)" in " ".join(shown.split())
-    assert left_out == (width < 80) and (width < 80) == ("3.36" not in shown)
+    assert left_out == (width < 100) and (width < 80) == ("3.36" not in shown)
+    assert (width < 100) == ("2.5" not in shown)  # in a log's 80 columns, draft steps a pass
 
 
 @pytest.mark.parametrize("width", [60, 80, 120])

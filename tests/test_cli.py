@@ -37,7 +37,7 @@ from .helpers import (
 STATS_KEYS = {
     "n_prompt_tokens", "n_generated", "prefill_s", "decode_s", "tokens_per_s", "target_passes",
     "draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted", "accepted_hist",
-    "peak_rss_mb", "mode", "finish_reason",
+    "peak_rss_mb", "mode", "finish_reason", "choices", "choice_s", "choice_tokens", "in_run_ratio",
 }  # fmt: skip
 
 

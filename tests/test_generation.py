@@ -86,6 +86,63 @@ def test_auto_counts_every_round_among_its_choices_its_first_timed_steps_too(smo
     assert set(s.choices) <= {"plain", "ngram"}
 
 
+@pytest.mark.parametrize(
+    ("mode", "settings"),
+    [("auto", {}), ("ngram", {}), ("ngram", {"draft_max": 4}), ("chain", {}), ("tree", {})],
+)
+def test_every_rounds_time_and_tokens_are_counted_under_what_drafted_it(
+    q4_draft_engine, mode, settings
+):
+    s = greedy(q4_draft_engine, PROMPTS[0], mode, n=48, **settings).stats
+    assert sum(s.choices.values()) == s.target_passes  # every round, one target pass each
+    assert set(s.choice_s) == set(s.choice_tokens) == set(s.choices)
+    assert all(s.choice_s[c] > 0 and s.choice_tokens[c] >= s.choices[c] for c in s.choices)
+    # max_tokens ended it: every decided token was generated, in rounds timed inside decode_s
+    assert s.finish_reason == "length" and sum(s.choice_tokens.values()) == s.n_generated
+    assert sum(s.choice_s.values()) < s.decode_s
+
+
+def test_plain_decoding_records_no_rounds_by_choice(plain_engine):
+    s = greedy(plain_engine, PROMPTS[1], "target", n=24).stats
+    assert s.choices == s.choice_s == s.choice_tokens == {} and s.in_run_ratio is None
+
+
+def test_a_run_is_compared_with_its_own_plain_steps_once_it_has_enough_of_them():
+    from edgespec.stats import MIN_PLAIN_STEPS, Stats
+
+    s = Stats(mode="auto", n_generated=48, decode_s=3.2)
+    for _ in range(MIN_PLAIN_STEPS - 1):  # 0.1 s a plain token
+        s.record_choice("plain")
+        s.record_round(0.1, 1)
+    for _ in range(8):  # four tokens in 0.2 s a round: twice the plain steps' rate
+        s.record_choice("ngram")
+        s.record_round(0.2, 4)
+    assert s.plain_rate is None and s.in_run_ratio is None  # too few plain steps to tell
+    s.record_choice("plain")
+    s.record_round(0.1, 1)
+    assert s.choice_tokens == {"plain": MIN_PLAIN_STEPS, "ngram": 32}
+    assert s.plain_rate == pytest.approx(10.0) and s.in_run_ratio == pytest.approx(1.5)
+    shown = s.to_dict()
+    assert shown["in_run_ratio"] == 1.5 and shown["choice_s"] == {"plain": 1.6, "ngram": 1.6}
+    assert "_round_choice" not in shown
+    assert "rounds plain 16 ngram 8 (1.50x the rate of its own plain steps)" in s.summary()
+
+
+def test_a_run_of_plain_steps_alone_is_as_fast_as_its_own_plain_steps(smol_path, monkeypatch):
+    """Every round a plain step (the n-gram drafter finds nothing to copy): the run's rate over
+    its plain steps' is the time between the rounds (a stream's own bookkeeping), a sliver
+    under 1."""
+    import edgespec
+    from edgespec.ngram import NgramDrafter, Proposal
+
+    monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, max_len: Proposal([], 0, 0))
+    engine = edgespec.load(smol_path, n_ctx=256)
+    s = engine.generate(PROMPTS[2], max_tokens=40, mode="ngram").stats
+    assert s.choices == {"plain": s.n_generated} == s.choice_tokens
+    assert s.in_run_ratio is not None and 0.9 < s.in_run_ratio < 1.0
+    assert "own plain steps" not in s.summary()  # nothing drafted to compare with them
+
+
 def test_without_draft_max_a_chain_drafts_on_while_one_more_token_raises_the_expected_rate(
     q2_draft_engine, monkeypatch
 ):
