@@ -87,7 +87,8 @@ class Stats:
     # a token is plain decoding's rate in the very minutes the drafted rounds ran (plain_rate).
     choice_s: dict[str, float] = field(default_factory=dict)
     choice_tokens: dict[str, int] = field(default_factory=dict)
-    _round_choice: str = field(default="", repr=False)  # the round under way's, for record_round
+    # The round under way's choice, for record_round: bookkeeping, not a statistic.
+    _round_choice: str = field(default="", init=False, repr=False, compare=False)
     placement: str = ""  # where the target and the draft were to run
     # Read back from the kernel when generation ended: how many of the process's threads may
     # run on each CPU set ({"0-3": 5, "4-7": 2}), i.e. where llama.cpp's workers really are.
