@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"A: as it is; B: {', '.join(args.settings)}; mode {args.mode}; {draft and draft.name}")
     pricer = PassPricer.of([plain, *engines.values()])
-    ratios, priced, rounds = run_pairs(
+    ratios, priced, rounds, in_run = run_pairs(
         plain, engines, settings, prompts, args.repeats, args.mode, args.temp, pricer
     )
     print("geometric means over prompts and repeats, x plain decoding:")
@@ -149,14 +149,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("priced by the profiles (llama.cpp's passes only; not a measured speed):")
         for line in summary(prompts, priced):
             print(line)
+    both = runs_with_both(in_run)
+    if both["A"]:
+        print("in-run, x each run's own plain steps (runs where both arms had enough of them):")
+        for line in summary(prompts, both):
+            print(line)
     if args.json is not None:
         report = {"settings": args.settings, "mode": args.mode, "temp": args.temp}
-        report |= {"ratios": ratios, "priced": priced, "rounds": rounds}
+        report |= {"ratios": ratios, "priced": priced, "rounds": rounds, "in_run": in_run}
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
 Ratios = dict[str, dict[str, list[float]]]  # arm -> prompt -> one a repeat
+InRun = dict[str, dict[str, list[float | None]]]  # None: a run with too few plain steps
+
+
+def runs_with_both(in_run: InRun) -> Ratios:
+    """The in-run ratios of the repeats where both arms have one (Stats.in_run_ratio), paired
+    as `summary` pairs them; prompts with none left out."""
+    both: Ratios = {"A": {}, "B": {}}
+    for prompt, a_runs in in_run["A"].items():
+        pairs = [(a, b) for a, b in zip(a_runs, in_run["B"][prompt], strict=True) if a and b]
+        if pairs:
+            both["A"][prompt] = [a for a, _ in pairs]
+            both["B"][prompt] = [b for _, b in pairs]
+    return both
 
 
 class PassPricer:
@@ -227,11 +245,14 @@ def run_pairs(
     mode: str,
     temp: float = 0.0,
     pricer: PassPricer | None = None,
-) -> tuple[Ratios, Ratios, dict[str, dict[str, list[dict[str, int]]]]]:
+) -> tuple[Ratios, Ratios, dict[str, dict[str, list[dict[str, int]]]], InRun]:
     """Every repeat and prompt: plain decoding, then arms A and B (B first on odd repeats), each
     paired with that plain run. A line each; the ratios, the priced ratios (where `pricer`
-    priced every run), and each run's rounds by kind."""
+    priced every run), each run's rounds by kind, and each run's speed over its own plain
+    steps' (auto's, ngram's: timed in the same seconds, which the machine's drift between two
+    runs does not move)."""
     ratios: Ratios = {"A": {}, "B": {}}
+    in_run: InRun = {"A": {}, "B": {}}
     priced: Ratios = {"A": {}, "B": {}}
     rounds: dict[str, dict[str, list[dict[str, int]]]] = {"A": {}, "B": {}}
     for repeat in range(repeats):
@@ -265,10 +286,11 @@ def run_pairs(
                     priced[name].setdefault(p.name, []).append(at_prices)
                     priced_ratio = f" (priced {at_prices:.2f})"
                 rounds[name].setdefault(p.name, []).append(dict(stats.choices))
+                in_run[name].setdefault(p.name, []).append(stats.in_run_ratio)
                 same = "" if sampling or result.tokens == base.tokens else " (text differs)"
                 line.append(f"{name} {ratio:.2f}{priced_ratio}{same} {dict(stats.choices)}")
             print(" | ".join(line), flush=True)
-    return ratios, priced, rounds
+    return ratios, priced, rounds, in_run
 
 
 def summary(prompts: Sequence[BenchPrompt], ratios: Ratios) -> Iterator[str]:

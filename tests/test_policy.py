@@ -1056,6 +1056,7 @@ def test_auto_tries_the_model_once_to_learn_its_cost_when_no_profile_says_it():
     assert policy.choose(None) == "chain"
     policy.costs.draft_s.update(0.015)  # what that chain measured: too slow to pay here
     assert policy.choose(None) == "plain"
+    assert not policy.arms[0].trying  # the try ends there: it does not resume when prices move
 
 
 def test_what_an_arm_learnt_carries_over_to_the_next_generation():
@@ -1174,6 +1175,41 @@ def test_a_try_that_wins_while_the_share_keeps_the_gate_shut_puts_its_arm_in_use
     try_arm(policy, "chain", tokens=3, seconds=0.06)  # 50 tok/s against plain's 33
     assert not policy.models_can_pay()  # one try does not reopen it
     assert decode(policy, 5, arm_round=(3, 0.06)) == ["chain"] * 5
+
+
+def test_a_try_the_share_shut_the_gate_on_goes_on_to_its_verdict():
+    """The gate moves with the price of passes (one dear pass raises it) and plain steps draw it
+    back: a try paused while it was shut went on whenever it reopened, and caught the draft up
+    again each time (cli-parser here: four rounds spread over ninety, 1.3 s of a 14.5 s answer).
+    Its rounds say what the draft makes here; the price said only what it might."""
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
+    assert policy.choose(None) == "chain"
+    policy.record_arm("chain", 3, 0.06)
+    shut_by_the_share(policy, 0.5)
+    for _ in range(TRY_ROUNDS - 1):
+        assert policy.choose(None) == "chain"
+        policy.record_arm("chain", 3, 0.06)  # 50 tok/s against plain's 33
+    arm = policy.arms[0]
+    assert not arm.trying and arm.in_use  # judged on its four rounds: it won
+
+
+def test_a_try_priced_out_of_paying_even_at_its_best_ends_without_a_verdict():
+    """Where passes turn so dear that no chain could pay, the try stops, and does not resume
+    when the price comes back: its probe waits its turn like any other."""
+    policy = AutoPolicy(costs(step_s=0.03, draft_s=0.008), [Arm("chain")])
+    assert policy.choose(None) == "chain"
+    policy.record_arm("chain", 3, 0.06)
+    usual = policy.costs.batch_factor.value
+    policy.costs.batch_factor.value = 5.0
+    assert policy.model_ceiling() <= MARGIN
+    assert policy.choose(None) == "plain"
+    arm = policy.arms[0]
+    assert not arm.trying and not arm.in_use and policy.share.tries == 0
+    policy.costs.batch_factor.value = usual
+    assert policy.models_can_pay()
+    chosen = decode(policy, arm.probe_every + SURE_STEPS, arm_round=(3, 0.06), sure=0.95)
+    assert chosen[: arm.probe_every - 1] == ["plain"] * (arm.probe_every - 1)
+    assert "chain" in chosen
 
 
 def test_where_the_ceiling_itself_cannot_pay_no_try_comes_however_long_it_waits():
