@@ -19,6 +19,10 @@ prefill left out) at the stored profiles' prices, in target steps, against the p
 leaves out Python and the machine's load, whose scatter here (a fifth between repeats) hides a
 change of a few percent in what the policy chooses; it is what the choices cost on a quiet
 device, not a measured speed (and it prices a pipelined draft's passes as if they ran alone).
+And each run over its own plain steps (Stats.in_run_ratio; auto's and ngram's, with 16 of them at
+least): plain decoding timed in the same seconds as the rounds that drafted. Here the plain
+engine's runs, first of each triple, came out slower than auto's all-plain answers beside them
+(paired 1.03-1.20x on chat in one hour, in-run 0.98-1.02; 2026-12-03).
 """
 
 from __future__ import annotations
