@@ -624,6 +624,10 @@ class Arm:
         self.unpriced = unpriced
         return self.name
 
+    def drop_try(self) -> None:
+        """The try under way ends without a verdict; the next waits its turn (probe_every)."""
+        self.trying, self.since_try = False, 0
+
     @classmethod
     def remembered(cls, name: str, probe_every: int) -> Arm:
         """An arm as an earlier run on this device left it: one that lost there waits for sure
@@ -803,7 +807,7 @@ class AutoPolicy:
         trying = next((a for a in self.arms if a.trying), None)
         if not could_pay:
             if trying is not None:  # priced too dear to pay at its best: it ends, unjudged
-                trying.trying, trying.since_try = False, 0
+                trying.drop_try()
             return "plain"
         # A try goes on though the share shut the gate after it began: it has paid for catching
         # the draft up, and its rounds say what the draft makes better than a price one pass
@@ -814,7 +818,7 @@ class AutoPolicy:
         if trying is not None:
             if can_pay or trying.reprobe or not trying.unpriced:
                 return trying.name
-            trying.trying, trying.since_try = False, 0
+            trying.drop_try()
             return "plain"
         step_s = self.costs.verify_s(1)
         if rounds_left is not None and catch_up_s > ANSWER_SHARE * rounds_left * step_s:
@@ -939,7 +943,7 @@ class AutoPolicy:
         self.carried_arm = None
         for arm in self.arms:
             if arm.trying and arm.carried:
-                arm.trying, arm.since_try = False, 0
+                arm.drop_try()
 
     def _postpone_probes(self) -> None:
         """A model arm lost: every arm's probe waits its turn again, and one never tried waits
